@@ -1,0 +1,98 @@
+"""The one sampling rule of the project: logits -> processed probabilities.
+
+Draft laws, target laws and the bonus / correction token all go through
+:func:`logits_to_probs`, so temperature, top-k and top-p are applied identically
+everywhere (an upstream EAGLE bug sampled the bonus token without the processing).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SamplingConfig", "logits_to_probs", "check_logits", "sample_from", "greedy_token"]
+
+
+class SamplingConfig:
+    """Temperature / top-p / top-k processing shared by target and draft.
+
+    Args:
+        temperature: >= 0. 0 means greedy (argmax); the processed law is then one-hot.
+        top_p: in (0, 1]; nucleus truncation (1.0 = off). The most probable token is always kept.
+        top_k: >= 0; keep the k most probable tokens (0 = off).
+
+    Raises:
+        ValueError: on a negative temperature, top_p outside (0, 1] or negative top_k.
+    """
+
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
+        temperature, top_p, top_k = float(temperature), float(top_p), int(top_k)
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def __repr__(self) -> str:
+        return f"SamplingConfig(temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k})"
+
+
+def check_logits(logits: torch.Tensor, what: str = "logits") -> None:
+    """Raise ``ValueError`` if ``logits`` holds NaN or +/-inf (a silent wrong answer otherwise)."""
+    if not torch.isfinite(logits).all():
+        bad = (~torch.isfinite(logits)).nonzero()[0].tolist()
+        raise ValueError(f"{what} contain NaN or inf (first at index {bad})")
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed next-token law from logits.
+
+    Args:
+        logits: ``[..., V]`` float tensor (any float dtype); must be finite.
+        cfg: the sampling processing (temperature, top-p, top-k).
+
+    Returns:
+        ``[..., V]`` float32 probabilities (rows sum to 1). With temperature 0 the row is the
+        one-hot of ``argmax`` (lowest index wins a tie, as :func:`greedy_token`).
+
+    Raises:
+        ValueError: if ``logits`` holds NaN or inf.
+    """
+    check_logits(logits)
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.nn.functional.one_hot(greedy_token(logits), logits.shape[-1]).float()
+    x = logits / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < x.shape[-1]:
+        kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = mass_before >= cfg.top_p  # keeps the smallest prefix reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def greedy_token(logits_or_probs: torch.Tensor) -> torch.Tensor:
+    """``argmax`` over the last dim; ties go to the lowest token id. Returns a LongTensor ``[...]``."""
+    return torch.argmax(logits_or_probs, dim=-1)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row of ``probs`` (``[..., V]``, rows summing to 1). Returns LongTensor ``[...]``.
+
+    Raises:
+        ValueError: if a row has no positive mass.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    if not (flat.sum(-1) > 0).all():
+        raise ValueError("cannot sample from a law with no positive mass")
+    out = torch.multinomial(flat.float(), 1, generator=generator).squeeze(-1)
+    return out.reshape(probs.shape[:-1])

