@@ -11,6 +11,7 @@ setup(
         "torch>=2.1",  # pin torch==2.13.0 yourself on CPU machines (see requirements.txt)
         "transformers>=5.0,<6",
         "gguf>=0.10",
+        "accelerate>=1.0",
         "safetensors>=0.4",
         "tqdm>=4.60",
         "numpy>=1.24",

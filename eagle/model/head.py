@@ -1,0 +1,215 @@
+"""The EAGLE-1 draft head and its public checkpoint layout.
+
+Architecture (EAGLE-1, Li et al. 2024): ``fc: Linear(2H -> H)`` on
+``concat(embed(token_{t+1}), feature_t)`` (embedding first), then ONE Llama decoder layer
+whose input layernorm is absent. No final norm and no own lm_head: draft logits are the
+target's ``lm_head(head output)``. ``feature_t`` is the target's last hidden state after its
+final norm.
+
+Checkpoint layout (``config.json`` = a LlamaConfig with ``num_hidden_layers = 1``, plus
+``model.safetensors`` or ``pytorch_model.bin``): ``embed_tokens.weight`` (optional),
+``fc.weight``, ``fc.bias`` (absent when ``config.bias`` is false),
+``layers.0.self_attn.{q,k,v,o}_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
+``layers.0.post_attention_layernorm.weight``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+__all__ = ["EagleHead", "CheckpointMismatchError", "head_config_from_base"]
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+class CheckpointMismatchError(ValueError):
+    """A head checkpoint whose keys or shapes do not match the architecture in its config."""
+
+
+def head_config_from_base(base_config, bias: bool = True) -> LlamaConfig:
+    """A head LlamaConfig (one layer) matching a target's config (hidden size, heads, rope, vocab)."""
+    d = base_config.to_dict()
+    keep = ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "rms_norm_eps", "vocab_size", "max_position_embeddings", "rope_parameters", "rope_theta",
+            "rope_scaling", "hidden_act", "attention_bias", "mlp_bias", "pad_token_id", "bos_token_id",
+            "eos_token_id"]
+    cfg = LlamaConfig(**{k: d[k] for k in keep if k in d and d[k] is not None})
+    cfg.num_hidden_layers = 1
+    cfg.bias = bool(bias)
+    cfg.architectures = ["LlamaForCausalLM"]
+    return cfg
+
+
+class EagleHead(nn.Module):
+    """EAGLE-1 draft head.
+
+    Args:
+        config: LlamaConfig of the head (``num_hidden_layers`` must be 1). ``config.bias``
+            (default True) sets the bias of ``fc``.
+        with_embeddings: allocate ``embed_tokens`` (``[V, H]``). Without it, call
+            :meth:`tie_embeddings` with the target's input embedding before use.
+    """
+
+    def __init__(self, config: LlamaConfig, with_embeddings: bool = True):
+        super().__init__()
+        if getattr(config, "num_hidden_layers", 1) != 1:
+            raise ValueError(f"an EAGLE-1 head has one decoder layer; config says {config.num_hidden_layers}")
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h) if with_embeddings else None
+        self.fc = nn.Linear(2 * h, h, bias=bool(getattr(config, "bias", True)))
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()  # EAGLE-1: attention sees fc's output directly
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    # ------------------------------------------------------------------ forward
+    def tie_embeddings(self, embedding: nn.Embedding) -> None:
+        """Use the target's input embedding (frozen, shared) as ``embed_tokens``."""
+        if embedding.weight.shape != (self.config.vocab_size, self.config.hidden_size):
+            raise CheckpointMismatchError(
+                f"embed_tokens.weight: target embedding has shape {tuple(embedding.weight.shape)}, head expects "
+                f"{(self.config.vocab_size, self.config.hidden_size)}")
+        self.embed_tokens = embedding
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """Predict next features.
+
+        Args:
+            input_ids: LongTensor ``[B, n]``, token_{t+1} for each position t.
+            features: float ``[B, n, H]``, feature_t (target last hidden state after final norm, or
+                the head's own output for deeper draft levels).
+            position_ids: LongTensor ``[B, n]`` (default ``past .. past+n-1``).
+            attention_mask: None for causal attention over ``cache`` + the new positions, or a 4D
+                additive float mask ``[B, 1, n, past + n]`` (0 = visible, ``finfo.min`` = hidden).
+            cache: a transformers ``DynamicCache`` for the head (updated in place) or None.
+
+        Returns:
+            float ``[B, n, H]``: predicted feature_{t+1}; draft logits = target ``lm_head`` of it.
+        """
+        if self.embed_tokens is None:
+            raise RuntimeError("EagleHead has no embed_tokens: call tie_embeddings(target_embedding) first")
+        b, n = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(b, n)
+        emb = self.embed_tokens(input_ids).to(features.dtype)
+        x = self.fc(torch.cat([emb, features], dim=-1))
+        if attention_mask is None and n > 1 and past > 0:
+            attention_mask = _causal_additive(n, past, x.dtype, x.device)
+        pos_emb = self.rotary_emb(x, position_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                      use_cache=cache is not None, position_embeddings=pos_emb)
+        return x
+
+    # ------------------------------------------------------------------ checkpoint I/O
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, embedding: nn.Embedding | None = None,
+                        dtype: torch.dtype = torch.float32, device="cpu", attn_implementation: str = "sdpa",
+                        **hub_kwargs) -> "EagleHead":
+        """Load a public EAGLE-1 head checkpoint as it is.
+
+        Args:
+            path: a local folder or a hub id with ``config.json`` and ``model.safetensors`` or
+                ``pytorch_model.bin``.
+            embedding: the target's input embedding, used when the checkpoint has no
+                ``embed_tokens.weight``.
+            dtype, device: where the weights go.
+
+        Raises:
+            FileNotFoundError: no config / weight file.
+            CheckpointMismatchError: an unexpected or missing key, or a shape that disagrees with the
+                config (the message names the key).
+        """
+        folder = _resolve_folder(path, **hub_kwargs)
+        with open(folder / "config.json") as f:
+            cfg_dict = json.load(f)
+        config = LlamaConfig(**cfg_dict)
+        config.num_hidden_layers = 1
+        config.bias = bool(cfg_dict.get("bias", True))
+        config._attn_implementation = attn_implementation
+        state = _load_state(folder)
+        has_emb = "embed_tokens.weight" in state
+        model = cls(config, with_embeddings=has_emb)
+        expected = {k: v.shape for k, v in model.state_dict().items()}
+        for k in state:
+            if k not in expected:
+                raise CheckpointMismatchError(f"{folder}: unexpected key {k!r} in the head checkpoint "
+                                              f"(expected keys: {sorted(expected)})")
+        for k, shape in expected.items():
+            if k not in state:
+                raise CheckpointMismatchError(f"{folder}: missing key {k!r} in the head checkpoint")
+            if tuple(state[k].shape) != tuple(shape):
+                raise CheckpointMismatchError(f"{folder}: key {k!r} has shape {tuple(state[k].shape)}, "
+                                              f"config implies {tuple(shape)}")
+        model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
+        model.to(device=device, dtype=dtype)
+        if not has_emb:
+            if embedding is None:
+                raise CheckpointMismatchError(f"{folder}: checkpoint has no embed_tokens.weight and no target "
+                                              "embedding was given")
+            model.tie_embeddings(embedding)
+        return model
+
+    def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype = torch.float16,
+                        include_embeddings: bool = False) -> Path:
+        """Write ``config.json`` + ``model.safetensors`` in the public EAGLE-1 layout.
+
+        ``include_embeddings=False`` leaves ``embed_tokens`` out (it is the target's, loaded from the
+        base model), which keeps small-vocab-heavy heads a few MB.
+        """
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()
+                 if include_embeddings or not k.startswith("embed_tokens.")}
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        cfg = self.config.to_dict()
+        cfg["bias"] = bool(getattr(self.config, "bias", True))
+        cfg["num_hidden_layers"] = 1
+        for k in ("_attn_implementation", "_attn_implementation_autoset", "dtype", "torch_dtype"):
+            cfg.pop(k, None)
+        with open(folder / "config.json", "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True, default=str)
+        return folder
+
+
+def _causal_additive(n: int, past: int, dtype, device) -> torch.Tensor:
+    mask = torch.zeros(n, past + n, dtype=dtype, device=device)
+    mask[:, past:] = torch.triu(torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device), 1)
+    return mask[None, None]
+
+
+def _resolve_folder(path, **hub_kwargs) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise FileNotFoundError(f"{p}: no config.json (an EAGLE-1 head folder needs config.json + weights)")
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:  # pragma: no cover
+        raise FileNotFoundError(f"{path} is not a folder and huggingface_hub is missing") from e
+    try:
+        return Path(snapshot_download(str(path), allow_patterns=["config.json", *WEIGHT_FILES], **hub_kwargs))
+    except Exception as e:
+        raise FileNotFoundError(f"{path}: not a local folder, and the hub download failed ({e})") from e
+
+
+def _load_state(folder: Path) -> dict:
+    if (folder / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").exists():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{folder}: no model.safetensors or pytorch_model.bin")

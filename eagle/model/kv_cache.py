@@ -1,0 +1,51 @@
+"""KV-cache bookkeeping on transformers' public ``DynamicCache``.
+
+After a verification step the cache must hold exactly the committed prefix plus the accepted
+path; these helpers do that with ``crop`` and an ``index_select`` over each layer's keys/values.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+__all__ = ["new_cache", "cache_length", "truncate_cache", "keep_positions"]
+
+
+def new_cache(config) -> DynamicCache:
+    """An empty ``DynamicCache`` for a model config."""
+    return DynamicCache(config=config)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    """Number of cached positions (tokens)."""
+    return int(cache.get_seq_length())
+
+
+def truncate_cache(cache: DynamicCache, length: int) -> None:
+    """Drop every position from ``length`` on (in place).
+
+    Raises:
+        ValueError: if ``length`` is negative or beyond the cache.
+    """
+    cur = cache_length(cache)
+    if not 0 <= length <= cur:
+        raise ValueError(f"cannot truncate a cache of {cur} positions to {length}")
+    if length < cur:
+        cache.crop(length - cur)
+
+
+def keep_positions(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
+    """Keep positions ``[0, start)`` plus ``start + keep`` (in that order) and drop the rest (in place).
+
+    Args:
+        cache: the cache after a tree forward (prefix of ``start`` positions + tree nodes).
+        start: committed prefix length (positions).
+        keep: LongTensor ``[k]``, node offsets (relative to ``start``) of the accepted path, increasing.
+    """
+    idx = torch.cat([torch.arange(start, device=keep.device), start + keep]).to(torch.long)
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        i = idx.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, i)
+        layer.values = layer.values.index_select(-2, i)

@@ -1,0 +1,215 @@
+"""Input validation shared by every verifier, and the cached tree structure they walk.
+
+Every verifier takes the common tree form (see :mod:`eagle.verify.registry`) and calls
+:func:`check_tree_inputs` once at the door; a bad input raises ``ValueError`` naming the node,
+never a silent wrong answer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .registry import DRAFTING_RULES
+
+__all__ = ["TreeStructure", "tree_structure", "structure_of", "check_tree_inputs", "SUM_TOL"]
+
+#: Tolerance on |row sum - 1| for target rows and (inner-node) draft rows.
+SUM_TOL = 1e-4
+
+
+@dataclass(frozen=True)
+class TreeStructure:
+    """Topology of one tree, derived from ``parents`` once and cached.
+
+    Attributes:
+        num_nodes: N.
+        parents: tuple of N ints (-1 for the root).
+        children: tuple of N tuples of child node indices in rank (= index) order.
+        depth: tuple of N ints.
+        postorder: tuple of node indices in post-order (children in rank order, then the node).
+        postorder_t: LongTensor ``[N]`` of the same.
+        inner_levels: per depth with inner nodes: ``(nodes [k], child_nodes [k, mmax] padded -1,
+            m [k])`` LongTensors; ``nodes`` are the nodes of that depth that have children.
+        is_chain: every node has at most one child.
+    """
+
+    num_nodes: int
+    parents: tuple
+    children: tuple
+    depth: tuple
+    postorder: tuple
+    postorder_t: torch.Tensor
+    inner_levels: tuple
+    is_chain: bool
+
+
+@lru_cache(maxsize=256)
+def tree_structure(parents: tuple) -> TreeStructure:
+    """Build (and cache) the :class:`TreeStructure` of a parents tuple.
+
+    Raises:
+        ValueError: if the tree is empty, ``parents[0] != -1`` or ``parents[i]`` is not in ``[0, i)``.
+    """
+    n = len(parents)
+    if n == 0:
+        raise ValueError("empty tree: need at least the root (node 0)")
+    if parents[0] != -1:
+        raise ValueError(f"node 0 (the root) must have parent -1, got {parents[0]}")
+    children: list[list[int]] = [[] for _ in range(n)]
+    depth = [0] * n
+    for i in range(1, n):
+        p = parents[i]
+        if not 0 <= p < i:
+            raise ValueError(f"node {i}: parent {p} must satisfy 0 <= parent < {i}")
+        children[p].append(i)
+        depth[i] = depth[p] + 1
+    post: list[int] = []
+    stack = [(0, False)]
+    while stack:
+        v, done = stack.pop()
+        if done:
+            post.append(v)
+            continue
+        stack.append((v, True))
+        for c in reversed(children[v]):
+            stack.append((c, False))
+    levels = []
+    for d in range(max(depth) + 1):
+        nodes = [v for v in range(n) if depth[v] == d and children[v]]
+        if not nodes:
+            continue
+        mmax = max(len(children[v]) for v in nodes)
+        pad = [list(children[v]) + [-1] * (mmax - len(children[v])) for v in nodes]
+        levels.append((torch.tensor(nodes, dtype=torch.long), torch.tensor(pad, dtype=torch.long),
+                       torch.tensor([len(children[v]) for v in nodes], dtype=torch.long)))
+    return TreeStructure(
+        num_nodes=n, parents=tuple(parents), children=tuple(tuple(c) for c in children), depth=tuple(depth),
+        postorder=tuple(post), postorder_t=torch.tensor(post, dtype=torch.long), inner_levels=tuple(levels),
+        is_chain=all(len(c) <= 1 for c in children),
+    )
+
+
+def structure_of(parents: torch.Tensor) -> TreeStructure:
+    """:func:`tree_structure` of a LongTensor ``[N]`` (one host sync)."""
+    return tree_structure(tuple(int(p) for p in parents.tolist()))
+
+
+def _first(mask: torch.Tensor) -> int:
+    return int(mask.nonzero()[0, 0])
+
+
+def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
+    """Rows ``probs`` (``[k, V]``) belong to ``nodes`` (``[k]``): finite, >= 0, sum to 1."""
+    if probs.shape[0] == 0:
+        return
+    s = probs.sum(-1, dtype=torch.float64)
+    mn = probs.amin(-1)
+    bad = ~torch.isfinite(s) | ~torch.isfinite(mn)
+    if bool(bad.any()):
+        raise ValueError(f"node {int(nodes[_first(bad)])}: {what} row contains NaN or inf")
+    if bool((mn < 0).any()):
+        raise ValueError(f"node {int(nodes[_first(mn < 0)])}: {what} row has a negative probability")
+    off = (s - 1.0).abs() > SUM_TOL
+    if bool(off.any()):
+        i = _first(off)
+        raise ValueError(f"node {int(nodes[i])}: {what} row sums to {float(s[i]):.6g}, not 1 (tol {SUM_TOL})")
+
+
+def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
+                      draft_probs: torch.Tensor, drafting: str | None = None) -> TreeStructure:
+    """Validate one verification step's inputs (the common tree form) and return its structure.
+
+    Args:
+        parents: LongTensor ``[N]``; ``parents[0] == -1``, ``0 <= parents[i] < i``.
+        tokens: LongTensor ``[N]``, every entry in ``[0, V)``.
+        target_probs: float ``[N, V]``; every row finite, >= 0, summing to 1 within :data:`SUM_TOL`.
+        draft_probs: float ``[N, V]``; rows of nodes with children as target rows (leaf rows unused).
+        drafting: the rule the children were drawn with (``"wor"``, ``"topk_residual"``, ``"topk"``)
+            or ``None`` to skip the rule checks. ``wor``: children of a node are distinct tokens.
+            ``topk_residual``: distinct, and the first m-1 children are m-1 most probable tokens of
+            the parent's draft law (any order among equal probabilities); so the last child is not
+            one of them. ``topk``: distinct and all m children are m most probable tokens.
+
+    Returns:
+        The :class:`TreeStructure` of ``parents``.
+
+    Raises:
+        ValueError: naming the node, on shape / dtype disagreements, a malformed ``parents``,
+            NaN / inf / negative probabilities, rows not summing to 1, out-of-vocabulary tokens,
+            a child whose token has zero draft probability at its parent, or a tree inconsistent
+            with ``drafting``.
+    """
+    for name, t in (("parents", parents), ("tokens", tokens), ("target_probs", target_probs),
+                    ("draft_probs", draft_probs)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if parents.dim() != 1 or tokens.dim() != 1:
+        raise ValueError(f"parents and tokens must be 1-D, got shapes {tuple(parents.shape)} and {tuple(tokens.shape)}")
+    if parents.dtype.is_floating_point or tokens.dtype.is_floating_point:
+        raise ValueError("parents and tokens must be integer tensors")
+    n = parents.shape[0]
+    if tokens.shape[0] != n:
+        raise ValueError(f"tokens has {tokens.shape[0]} nodes, parents has {n}")
+    if target_probs.dim() != 2 or target_probs.shape[0] != n:
+        raise ValueError(f"target_probs must be [N={n}, V], got {tuple(target_probs.shape)}")
+    if draft_probs.shape != target_probs.shape:
+        raise ValueError(f"draft_probs shape {tuple(draft_probs.shape)} != target_probs shape {tuple(target_probs.shape)}")
+    if not (target_probs.dtype.is_floating_point and draft_probs.dtype.is_floating_point):
+        raise ValueError("target_probs and draft_probs must be floating-point tensors")
+    if drafting is not None and drafting not in DRAFTING_RULES:
+        raise ValueError(f"unknown drafting rule {drafting!r}; use one of {DRAFTING_RULES}")
+    st = structure_of(parents)
+    V = target_probs.shape[1]
+    bad_tok = (tokens < 0) | (tokens >= V)
+    if bool(bad_tok.any()):
+        i = _first(bad_tok)
+        raise ValueError(f"node {i}: token {int(tokens[i])} is outside the vocabulary [0, {V})")
+    _check_rows(target_probs, torch.arange(n), "target_probs")
+    inner = torch.tensor([v for v in range(n) if st.children[v]], dtype=torch.long)
+    if inner.numel() == 0:
+        return st
+    _check_rows(draft_probs.index_select(0, inner), inner, "draft_probs")
+    par = parents[1:].to(torch.long)
+    tok = tokens.to(torch.long)
+    q_child = draft_probs[par, tok[1:]]
+    zero = q_child <= 0
+    if bool(zero.any()):
+        i = _first(zero) + 1
+        raise ValueError(f"node {i}: token {int(tok[i])} has zero draft probability at its parent {st.parents[i]}")
+    if drafting is None:
+        return st
+    # distinct children: (parent, token) pairs are unique
+    key = par * V + tok[1:]
+    if torch.unique(key).numel() != key.numel():
+        seen: dict[int, int] = {}
+        for i, k in enumerate(key.tolist(), start=1):
+            if k in seen:
+                raise ValueError(f"node {i}: token {int(tok[i])} repeats sibling node {seen[k]} "
+                                 f"(drafting {drafting!r} draws distinct children)")
+            seen[k] = i
+    if drafting == "wor":
+        return st
+    for nodes, child_nodes, m in st.inner_levels:
+        ntop = m - 1 if drafting == "topk_residual" else m
+        kmax = int(ntop.max())
+        if kmax == 0:
+            continue
+        q = draft_probs.index_select(0, nodes)  # [k, V]
+        top_vals = torch.topk(q, kmax, dim=-1).values  # [k, kmax], descending
+        cols = torch.arange(kmax)
+        use = cols[None, :] < ntop[:, None]  # [k, kmax]
+        ctok = tok[child_nodes[:, :kmax].clamp(min=0)]
+        cvals = q.gather(1, ctok)
+        cvals = torch.where(use, cvals, torch.full_like(cvals, float("-inf")))
+        cvals_sorted = torch.sort(cvals, dim=-1, descending=True).values
+        ok = torch.where(use, cvals_sorted == top_vals, torch.ones_like(use))
+        bad_row = ~ok.all(-1)
+        if bool(bad_row.any()):
+            r = _first(bad_row)
+            v = int(nodes[r])
+            what = f"first {int(ntop[r])}" if drafting == "topk_residual" else f"all {int(ntop[r])}"
+            raise ValueError(f"node {v}: its {what} children are not the most probable tokens of its draft law "
+                             f"(drafting {drafting!r})")
+    return st

@@ -1,0 +1,152 @@
+"""The drafting rules, in one place (REFERENCE section 1).
+
+- ``wor``: u_1..u_m drawn one after another without replacement from M_s (Gumbel-top-k / the
+  exponential race: the m largest ``q(x) / E_x``, ``E_x ~ Exp(1)``, in decreasing order, have
+  exactly the law of sequential sampling without replacement).
+- ``topk_residual``: u_1..u_{m-1} = the m-1 most probable tokens of M_s (ties to the lowest id),
+  u_m one draw from the residual M_s^neg (M_s restricted to the other tokens, renormalised).
+  With m = 1 this is one draw from M_s.
+- ``topk``: the m most probable tokens (ties to the lowest id).
+
+The verifiers use exactly these laws; :func:`children_law` enumerates them for the exact tests.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .registry import DRAFTING_RULES
+
+__all__ = ["draw_children", "stable_topk", "residual_draft", "children_law", "sample_with_uniform"]
+
+
+def stable_topk(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest entries of each row of ``q`` (``[n, V]``), ties to the lowest index.
+
+    Returns ``(values [n, k], indices LongTensor [n, k])`` in decreasing value order (equal
+    values in increasing index order). ``k`` must be in ``[0, V]``.
+    """
+    n, V = q.shape
+    if k == 0:
+        return q.new_zeros(n, 0), torch.zeros(n, 0, dtype=torch.long)
+    thr = torch.topk(q, k, dim=-1).values[:, -1:]  # [n, 1] the k-th largest value
+    gt = q > thr
+    eq = q == thr
+    need = k - gt.sum(-1, keepdim=True)
+    sel = gt | (eq & (eq.cumsum(-1) <= need))  # exactly k per row, lowest ids among ties
+    idx = sel.nonzero()[:, 1].view(n, k)  # increasing index
+    vals = q.gather(1, idx)
+    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
+    return vals.gather(1, order), idx.gather(1, order)
+
+
+def residual_draft(q: torch.Tensor, top_tokens: torch.Tensor) -> torch.Tensor:
+    """M_s^neg: ``q`` (``[..., V]``) with ``top_tokens`` (LongTensor ``[..., k]``, -1 = none)
+    set to 0 and renormalised. Rows with no mass left come back all zero (never NaN)."""
+    r = q.clone()
+    if top_tokens.numel():
+        valid = top_tokens >= 0
+        r.scatter_(-1, top_tokens.clamp(min=0), torch.where(valid, 0.0, r.gather(-1, top_tokens.clamp(min=0))))
+    s = r.sum(-1, keepdim=True)
+    return torch.where(s > 0, r / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(r))
+
+
+def _race(q: torch.Tensor, k: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exponential race: the k largest ``q / E`` (E ~ Exp(1)), decreasing. Returns (keys, idx)."""
+    e = torch.empty(q.shape, dtype=torch.float32, device=q.device).exponential_(generator=generator)
+    keys = q.float() / e.clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.topk(keys, k, dim=-1)
+
+
+def draw_children(draft_probs: torch.Tensor, m: int, rule: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw the children tokens of ``n`` nodes with a drafting rule, vectorised over nodes.
+
+    Args:
+        draft_probs: float ``[n, V]``, rows = M_s(. | node) (summing to 1).
+        m: children per node, ``1 <= m <= V``.
+        rule: ``"wor"``, ``"topk_residual"`` or ``"topk"``.
+        generator: optional ``torch.Generator`` for the random draws.
+
+    Returns:
+        LongTensor ``[n, m]`` of tokens in child (rank) order. Where the law's support is too
+        small to give m distinct children, the missing slots are -1 (the engine prunes them).
+
+    Raises:
+        ValueError: on an unknown rule, a non-2-D input or ``m`` outside ``[1, V]``.
+    """
+    if rule not in DRAFTING_RULES:
+        raise ValueError(f"unknown drafting rule {rule!r}; use one of {DRAFTING_RULES}")
+    if draft_probs.dim() != 2:
+        raise ValueError(f"draft_probs must be [n, V], got {tuple(draft_probs.shape)}")
+    n, V = draft_probs.shape
+    if not 1 <= m <= V:
+        raise ValueError(f"m must be in [1, {V}], got {m}")
+    q = draft_probs
+    if rule == "topk":
+        vals, idx = stable_topk(q, m)
+        return torch.where(vals > 0, idx, -1)
+    if rule == "wor":
+        keys, idx = _race(q, m, generator)
+        return torch.where(keys > 0, idx, -1)
+    # topk_residual
+    vals, top = stable_topk(q, m - 1)
+    top = torch.where(vals > 0, top, -1)
+    res = q.float().clone()
+    if m > 1:
+        res.scatter_(1, top.clamp(min=0), 0.0)  # a -1 slot only occurs where vals <= 0, harmless
+    keys, last = _race(res, 1, generator)
+    last = torch.where(keys > 0, last, -1)
+    return torch.cat([top, last], dim=1)
+
+
+def children_law(q: torch.Tensor, m: int, rule: str) -> list[tuple[tuple[int, ...], float]]:
+    """Exact law of the children tuple of one node (for tests; small V only).
+
+    Args:
+        q: float ``[V]`` draft law M_s(. | node).
+        m: number of children requested.
+        rule: a drafting rule.
+
+    Returns:
+        ``[(tokens, prob), ...]`` over all possible children tuples with positive probability.
+        Tuples are shorter than ``m`` where the support is too small (the pruned -1 slots).
+    """
+    if rule not in DRAFTING_RULES:
+        raise ValueError(f"unknown drafting rule {rule!r}")
+    qv = [float(x) for x in q.tolist()]
+    support = sorted((x for x in range(len(qv)) if qv[x] > 0), key=lambda x: (-qv[x], x))
+    if rule == "topk":
+        return [(tuple(support[:m]), 1.0)]
+    if rule == "wor":
+        k = min(m, len(support))
+        out = []
+        for perm in itertools.permutations(support, k):
+            p, left = 1.0, 1.0
+            for x in perm:
+                p *= qv[x] / left
+                left -= qv[x]
+            out.append((perm, p))
+        return out
+    top = tuple(support[: m - 1])
+    rest = support[m - 1:]
+    if not rest:
+        return [(top, 1.0)]
+    mass = sum(qv[x] for x in rest)
+    return [(top + (x,), qv[x] / mass) for x in rest]
+
+
+def sample_with_uniform(row: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw of one token from a non-negative row ``[V]`` (need not be normalised).
+
+    ``u`` in [0, 1) is the uniform; a pure function, so verifiers can take their uniforms as input.
+    A zero-probability token is never returned. Raises ``ValueError`` if the row has no mass.
+    """
+    cdf = torch.cumsum(row, 0)
+    total = float(cdf[-1])
+    if not total > 0:
+        raise ValueError("cannot sample from a row with no positive mass")
+    i = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=cdf.dtype), right=True))
+    if i >= row.numel():  # only when u * total rounds up to the total
+        i = int((row > 0).nonzero()[-1, 0])
+    return i
