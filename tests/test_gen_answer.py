@@ -1,0 +1,110 @@
+"""gen_answer on the tiny random EaModel: valid Spec-Bench JSONL, multi-turn prompts, resuming."""
+import json
+
+import pytest
+
+from evaluation import gen_answer as G
+from evaluation import speed
+
+
+class _CharTok:
+    """Tokenizer stand-in for the tiny model (vocab 32): one id per character, chat roles as markers.
+
+    Records every message list it renders so a test can look at turn 2's prompt.
+    """
+
+    def __init__(self):
+        self.rendered = []
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        self.rendered.append([dict(m) for m in messages])
+        return "".join(f"|{m['role'][0]}|{m['content']}" for m in messages) + ("|a|" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1 + ord(c) % 31 for c in text[-48:]]}  # keep prompts short for speed
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+    {"question_id": 161, "category": "translation", "turns": ["Translate: bonjour"]},
+    {"question_id": 241, "category": "qa", "turns": ["Why is the sky blue?"]},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from eagle.testing import tiny_ea_model
+
+    return tiny_ea_model(vocab_size=32, seed=0, aligned=True)
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_writes_valid_jsonl_and_resumes(tiny, tmp_path):
+    tok = _CharTok()
+    out = tmp_path / "ans" / "univer.jsonl"
+    kw = dict(temperature=1.0, tree="2x2", seed=3, max_new_tokens=6, tokenizer=tok, progress=False)
+    n = G.generate_answers(tiny, QUESTIONS[:2], out, "univer", **kw)
+    assert n == 2
+    recs = _lines(out)
+    assert [r["question_id"] for r in recs] == [81, 161]
+    for r, q in zip(recs, QUESTIONS):
+        assert {"question_id", "category", "answer_id", "model_id", "choices", "tstamp", "model", "head", "method",
+                "seed", "temperature", "top_p", "tree", "max_new_tokens"} <= set(r)
+        assert (r["method"], r["seed"], r["tree"], r["max_new_tokens"]) == ("univer", 3, "2x2", 6)
+        c = r["choices"][0]
+        assert c["index"] == 0
+        nt = len(q["turns"])
+        for key in ("turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"):
+            assert len(c[key]) == nt, key
+        for steps, new, wall, acc in zip(c["decoding_steps"], c["new_tokens"], c["wall_time"], c["accept_lengths"]):
+            assert 1 <= new <= 6 and wall > 0 and steps == len(acc) and all(a >= 1 for a in acc)
+            assert sum(acc) <= new
+    # turn 2's prompt holds turn 1's question and the model's turn-1 answer
+    two_turn = [m for m in tok.rendered if len(m) == 3]
+    assert two_turn and two_turn[-1][0]["content"] == "Write a poem."
+    assert two_turn[-1][1] == {"role": "assistant", "content": recs[0]["choices"][0]["turns"][0]}
+
+    # resume: only the missing question is generated, the old lines stay untouched
+    before = out.read_text()
+    n2 = G.generate_answers(tiny, QUESTIONS, out, "univer", **kw)
+    assert n2 == 1
+    assert out.read_text().startswith(before)
+    assert [r["question_id"] for r in _lines(out)] == [81, 161, 241]
+    assert G.generate_answers(tiny, QUESTIONS, out, "univer", **kw) == 0
+
+
+def test_run_naive_and_method_then_metrics(tiny, tmp_path):
+    files = G.run(tiny, QUESTIONS[1:], tmp_path, ["naive", "greedy"], [0], temperature=1.0, tree="2x2",
+                  max_new_tokens=5, tokenizer=_CharTok(), progress=False)
+    assert [f.name for f in files] == ["naive-temp1-seed0.jsonl", "greedy-temp1-2x2-seed0.jsonl"]
+    naive = _lines(files[0])
+    assert all(r["tree"] is None and set(r["choices"][0]["accept_lengths"][0]) <= {1} for r in naive)
+    res = speed.summarize(speed.collect_runs([tmp_path]))
+    assert [(r["method"], r["tree"]) for r in res["runs"]] == [("naive", None), ("greedy", "2x2")]
+    assert res["runs"][0]["summary"]["overall"]["tau"]["mean"] == pytest.approx(1.0)
+    assert res["runs"][1]["summary"]["overall"]["speedup"]["mean"] > 0
+
+
+def test_same_seed_same_answers(tiny, tmp_path):
+    kw = dict(temperature=1.0, tree="2x2", seed=7, max_new_tokens=5, tokenizer=_CharTok(), progress=False,
+              warmup=False)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    G.generate_answers(tiny, QUESTIONS[1:2], a, "rrsw", **kw)
+    G.generate_answers(tiny, QUESTIONS[1:2], b, "rrsw", **kw)
+    assert _lines(a)[0]["choices"][0]["turns"] == _lines(b)[0]["choices"][0]["turns"]
+
+
+def test_helpers():
+    assert G.answer_file_name("naive", 1.0, "2x5", 0) == "naive-temp1-seed0.jsonl"
+    assert G.answer_file_name("univer", 0.3, "mc_sim_7b_63", 2) == "univer-temp0.3-mc_sim_7b_63-seed2.jsonl"
+    assert G.call_seed(1, 81, 1) != G.call_seed(0, 81, 1) != G.call_seed(0, 81, 0)
+    dev, dt = G.resolve_device("cpu", "auto")
+    import torch
+
+    assert (dev, dt) == ("cpu", torch.float32)
