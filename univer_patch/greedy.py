@@ -1,0 +1,136 @@
+"""The Greedy method (Hu et al., ICLR 2025), applied node by node, top-down.
+
+Children by ``topk_residual``: u_1..u_{m-1} = top-(m-1) of M_s(.|v), u_m ~ M_s^neg(.|v) (M_s on the
+other tokens, renormalised). At node v with B = M_b(.|v) and Q = M_s^neg(.|v): accept u_m with
+a_m = min(1, B(u_m)/Q(u_m)) and move there; otherwise draw x ~ norm(max(B - Q, 0)) (Q is 0 on
+the top-(m-1) tokens, so they keep their whole target mass); if x is a child move to it, else
+y = x. At a leaf y ~ M_b(.|leaf). The single-step plan is the optimum for this drafting rule.
+
+Uniforms (pure kernel): ``uniforms[i, 0]`` is the acceptance coin of node i as the sampled child,
+``uniforms[i, 1]`` draws the residual token x at node i (or y at a leaf).
+"""
+from __future__ import annotations
+
+import torch
+
+from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
+from eagle.verify.registry import Verifier, register_verifier
+from eagle.verify.rules import sample_with_uniform
+
+__all__ = ["verify", "outcome_probs", "greedy_kernel", "single_step_plan"]
+
+
+def _residual_parts(B: torch.Tensor, q: torch.Tensor, top_tokens: list[int], last_token: int):
+    """Q = M_s^neg scale c, acceptance a_m and the unnormalised residual r = max(B - Q, 0)."""
+    top_mass = float(q[top_tokens].sum()) if top_tokens else 0.0
+    c = 1.0 / (1.0 - top_mass) if top_mass < 1.0 else 0.0
+    Q_last = c * float(q[last_token])
+    a = min(1.0, float(B[last_token]) / Q_last) if Q_last > 0 else 0.0
+    return c, a
+
+
+def single_step_plan(B: torch.Tensor, q: torch.Tensor, child_tokens: list[int]) -> torch.Tensor:
+    """Greedy's single-step plan at one node.
+
+    Args:
+        B: ``[V]`` target law M_b(.|v); q: ``[V]`` full draft law M_s(.|v).
+        child_tokens: the m children tokens (top-(m-1) first, the sampled one last).
+
+    Returns:
+        ``[V]``: P(the token after v is x), i.e. a_m on u_m plus (1 - a_m) norm(max(B - Q, 0)).
+    """
+    top, last = list(child_tokens[:-1]), child_tokens[-1]
+    c, a = _residual_parts(B, q, top, last)
+    Q = c * q
+    if top:
+        Q[top] = 0.0
+    r = (B - Q).clamp(min=0)
+    s = r.sum()
+    plan = (1.0 - a) * (r / s) if s > 0 else torch.zeros_like(B)
+    plan[last] += a
+    return plan
+
+
+def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  uniforms: torch.Tensor) -> tuple[int, int]:
+    """One Greedy-method decision as a pure function of ``uniforms`` (float ``[N, 2]``).
+
+    Returns ``(node_index, next_token)``.
+    """
+    tok = tokens.tolist()
+    u = uniforms.tolist()
+    v = 0
+    while True:
+        ch = st.children[v]
+        B = target_probs[v]
+        if not ch:
+            return v, sample_with_uniform(B, u[v][1])
+        q = draft_probs[v]
+        ctok = [tok[c] for c in ch]
+        top, last = ctok[:-1], ctok[-1]
+        c, a = _residual_parts(B, q, top, last)
+        if u[ch[-1]][0] < a:
+            v = ch[-1]
+            continue
+        r = torch.add(B, q, alpha=-c).clamp_(min=0)  # max(B - Q, 0) off the top tokens
+        if top:
+            r[top] = B[top]  # Q = 0 there
+        r[last] = 0.0  # a < 1 means B(u_m) < Q(u_m)
+        if not float(r.sum()) > 0:  # probability 0 (a < 1 leaves residual mass); stay lossless-safe
+            r = B.clone()
+            r[ctok] = 0.0
+            if not float(r.sum()) > 0:
+                return v, sample_with_uniform(B, u[v][1])
+        x = sample_with_uniform(r, u[v][1])
+        if x in top:
+            v = ch[top.index(x)]
+            continue
+        return v, x
+
+
+def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
+    """Sample one Greedy-method outcome (common tree form, drafting ``topk_residual``).
+
+    Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
+    return greedy_kernel(st, tokens, target_probs, draft_probs, uniforms)
+
+
+def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
+    """Exact law ``[N, V]`` of the Greedy method's outcome (node i ends the path, next token y).
+
+    ``_broken`` (test-only negative control): ``"full_draft"`` accepts u_m against the full draft
+    law M_s instead of the residual M_s^neg (not lossless).
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    tok = tokens.tolist()
+    out = torch.zeros_like(target_probs)
+    reach = [0.0] * st.num_nodes
+    reach[0] = 1.0
+    for v in range(st.num_nodes):
+        ch = st.children[v]
+        if not ch:
+            out[v] = reach[v] * target_probs[v]
+            continue
+        ctok = [tok[c] for c in ch]
+        B, q = target_probs[v], draft_probs[v].clone()
+        if _broken == "full_draft":
+            plan = single_step_plan(B, q, [ctok[-1]])  # ignores the top-(m-1) removal
+        else:
+            plan = single_step_plan(B, q, ctok)
+        for c, t in zip(ch, ctok):
+            reach[c] = reach[v] * float(plan[t])
+        row = reach[v] * plan
+        row[ctok] = 0.0
+        out[v] = row
+    return out
+
+
+VERIFIER = register_verifier(Verifier(
+    name="greedy", drafting="topk_residual", verify=verify, outcome_probs=outcome_probs,
+    description="Greedy method (Hu et al. 2025): per-node optimal single-step plan, top-down",
+))

@@ -1,0 +1,156 @@
+"""Traversal Verification (Weng et al., 2025): post-order over the tree, drafting ``wor``.
+
+State per node: alpha(v), the current P(v) = M_b(.|v) and Q(v) = M_s(.|v). alpha(root) = 1 and
+alpha(u) = min(1, alpha(parent) P(parent)(x_u) / Q(parent)(x_u)), recomputed below a node whenever
+its state changes. Repeatedly take u = the first node in post-order (descend through the first
+remaining child). With probability alpha(u) accept the path root..u and draw y ~ P(u). Otherwise,
+at its parent v with S = sum_x max(alpha(v) P(v)(x) - Q(v)(x), 0):
+P(v) <- norm(max(alpha(v) P(v) - Q(v), 0)); Q(v) <- Q(v) without x_u, renormalised;
+alpha(v) <- S / (S + 1 - alpha(v)); delete u. On a chain this is Block Verification.
+
+Uniforms (pure kernel): ``uniforms[i, 0]`` is node i's acceptance coin (each node is tested once,
+when it is first in post-order), ``uniforms[i, 1]`` draws y if node i is accepted.
+"""
+from __future__ import annotations
+
+import torch
+
+from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
+from eagle.verify.registry import Verifier, register_verifier
+from eagle.verify.rules import sample_with_uniform
+
+__all__ = ["verify", "outcome_probs", "traversal_kernel"]
+
+
+class _State:
+    """Mutable per-node state of one traversal (only nodes whose laws changed hold copies)."""
+
+    __slots__ = ("st", "tok", "P", "Pm", "Q", "Qm", "alpha", "remaining", "target", "draft", "broken")
+
+    def __init__(self, st: TreeStructure, tok: list[int], target: torch.Tensor, draft: torch.Tensor, broken: str = ""):
+        self.st, self.tok, self.target, self.draft, self.broken = st, tok, target, draft, broken
+        self.P: dict[int, torch.Tensor] = {}  # node -> unnormalised current target row
+        self.Pm: dict[int, float] = {}  # its mass
+        self.Q: dict[int, torch.Tensor] = {}  # node -> draft row with removed tokens zeroed
+        self.Qm: dict[int, float] = {}  # its mass
+        self.alpha = [0.0] * st.num_nodes
+        self.remaining = [list(c) for c in st.children]
+        self.alpha[0] = 1.0
+        n = st.num_nodes
+        if n > 1:  # initial alphas: one gather per tensor, then a top-down pass over the tree
+            par = torch.tensor(st.parents[1:], dtype=torch.long)
+            tt = torch.tensor(tok[1:], dtype=torch.long)
+            ratio = (target[par, tt] / draft[par, tt]).tolist()
+            for i in range(1, n):
+                self.alpha[i] = min(1.0, self.alpha[st.parents[i]] * ratio[i - 1])
+
+    def p_of(self, v: int, x: int) -> float:
+        return float(self.P[v][x]) / self.Pm[v] if v in self.P else float(self.target[v, x])
+
+    def q_of(self, v: int, x: int) -> float:
+        if v in self.Q:
+            return float(self.Q[v][x]) / self.Qm[v] if self.Qm[v] > 0 else 0.0
+        return float(self.draft[v, x])
+
+    def refresh_below(self, v: int) -> None:
+        """Recompute alpha for the remaining subtree below v."""
+        stack = [v]
+        while stack:
+            w = stack.pop()
+            for c in self.remaining[w]:
+                qc = self.q_of(w, self.tok[c])
+                self.alpha[c] = min(1.0, self.alpha[w] * self.p_of(w, self.tok[c]) / qc) if qc > 0 else 0.0
+                stack.append(c)
+
+    def reject(self, u: int) -> None:
+        """Node u (no remaining children) was rejected: update its parent v and delete u."""
+        v = self.st.parents[u]
+        t = self.tok[u]
+        al = self.alpha[v]
+        P = self.P[v] / self.Pm[v] if v in self.P else self.target[v]
+        if v in self.Q:
+            Q = self.Q[v] / self.Qm[v] if self.Qm[v] > 0 else self.Q[v]
+        else:
+            Q = self.draft[v]
+        r = torch.add(P * al, Q, alpha=-1.0).clamp_(min=0)
+        S = float(r.sum())
+        if S > 0:
+            self.P[v], self.Pm[v] = r, S
+        else:  # alpha(v) = 0 (v can no longer be accepted): keep the row, never sampled
+            self.P[v], self.Pm[v] = (self.P[v], self.Pm[v]) if v in self.P else (self.target[v], 1.0)
+        if v not in self.Q:
+            self.Q[v], self.Qm[v] = self.draft[v].clone(), 1.0
+        self.Qm[v] -= float(self.Q[v][t])
+        self.Q[v][t] = 0.0
+        if self.broken != "no_alpha_update":
+            self.alpha[v] = S / (S + 1.0 - al) if S + 1.0 - al > 0 else 0.0
+        self.remaining[v].remove(u)
+        self.refresh_below(v)
+
+    def first(self) -> int:
+        u = 0
+        while self.remaining[u]:
+            u = self.remaining[u][0]
+        return u
+
+    def y_row(self, u: int) -> torch.Tensor:
+        return self.P[u] if u in self.P else self.target[u]
+
+
+def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                     uniforms: torch.Tensor) -> tuple[int, int]:
+    """One Traversal Verification decision as a pure function of ``uniforms`` (float ``[N, 2]``).
+
+    Returns ``(node_index, next_token)``.
+    """
+    u = uniforms.tolist()
+    s = _State(st, tokens.tolist(), target_probs, draft_probs)
+    while True:
+        node = s.first()
+        if node == 0 or u[node][0] < s.alpha[node]:
+            return node, sample_with_uniform(s.y_row(node), u[node][1])
+        s.reject(node)
+
+
+def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
+    """Sample one Traversal Verification outcome (common tree form, drafting ``wor``).
+
+    Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
+    return traversal_kernel(st, tokens, target_probs, draft_probs, uniforms)
+
+
+def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
+    """Exact law ``[N, V]`` of Traversal Verification's outcome, by branching on every test.
+
+    Every rejection leads to the same next state, so the tests form one sequence of at most N
+    nodes: the law is a single walk, O(N V).
+    ``_broken`` (test-only negative control): ``"no_alpha_update"`` keeps alpha(v) after a child's
+    rejection (not lossless).
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    out = torch.zeros_like(target_probs)
+    s = _State(st, tokens.tolist(), target_probs, draft_probs, _broken)
+    mass = 1.0
+    while mass > 0:
+        node = s.first()
+        a = 1.0 if node == 0 else s.alpha[node]
+        row = s.y_row(node)
+        tot = row.sum()
+        if tot > 0:
+            out[node] += (mass * a) * (row / tot)
+        mass *= 1.0 - a
+        if node == 0:
+            break
+        s.reject(node)
+    return out
+
+
+VERIFIER = register_verifier(Verifier(
+    name="traversal", drafting="wor", verify=verify, outcome_probs=outcome_probs,
+    description="Traversal Verification (Weng et al. 2025): post-order, alpha updates bottom-up",
+))

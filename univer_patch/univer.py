@@ -1,0 +1,245 @@
+"""UniVer (Weng, Hu, Yairi, 2026): allocation top-down, decision in one post-order pass.
+
+Children by ``topk_residual``. Notation of the paper, at node v with p~ = p~(v), B = M_b(.|v),
+Q = M_s^neg(.|v) (the draft law off the top-(m-1) children, renormalised: Q = c q there, c =
+1 / (1 - q(top)), Q = 0 on the top tokens) and sampled child u_m:
+
+- Eq. 3: Z = 1 - p~ + sum_x max(p~ B(x) - Q(x), 0)
+- Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
+- Eqs. 5-6: p_v(x) = max(p~ B(x) - Q(x), 0) (1 - p_v(u_m)) / Z for every other token x (the
+  top-(m-1) children, where Q = 0, and all non-children)
+- Eq. 7: p_v(not v) = (1 - p_v(u_m)) (1 - p~) / Z
+
+Conditional normalisation in traversal order: p~(u_j) = p_v(u_j) / (1 - sum_{i<j} p_v(u_i)) and
+the fallback threshold p~res(v) = 1 - p_v(not v) / (1 - sum_{i<=m} p_v(u_i)). p~(root) = 1.
+
+Decision: eta_v ~ U(0,1) for every node, all drawn up front; the accepted node is the first node
+in post-order with eta_v < p~(v) (leaf) or eta_v < p~res(v) (inner node). Then y ~ M_b(.|v) at a
+leaf, y ~ p_v restricted to the non-children, renormalised, at an inner node.
+
+Lossless fallbacks (never NaN): if p_v(u_m) = 1 then (1 - p_v(u_m)) / Z is taken as 0 (Z may
+be 0 then); a conditional normalisation with denominator 0 gives p~ = 0 (that child is
+unreachable); p~res(v) = 1 where p_v(not v) = 0 (v is never rejected).
+
+Allocation is layer by layer, all inner nodes of a layer at once (tensor ops over [nodes, V]);
+only the one dense reduction S = sum_x max(p~ B(x) - Q(x), 0) per inner node touches the
+vocabulary, and only for "live" nodes (0 < p~ and p_v(u_m) < 1: otherwise p_v needs no Z).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
+from eagle.verify.registry import Verifier, register_verifier
+from eagle.verify.rules import sample_with_uniform
+
+__all__ = ["Allocation", "allocate", "decide", "univer_kernel", "allocation_row", "verify", "outcome_probs"]
+
+
+@dataclass
+class Allocation:
+    """UniVer's allocation of one tree (float64 tensors, all ``[N]``).
+
+    Attributes:
+        p_tilde: p~(v); 1 at the root.
+        p_edge: p_v(u) of node u at its parent (Eqs. 4-6); 0 at the root.
+        p_not: p_v(not v) (Eq. 7); 0 at leaves.
+        weight: (1 - p_v(u_m)) / Z of each inner node (0 where p_v(u_m) = 1); 0 at leaves.
+        scale: c = 1 / (1 - q(top-(m-1))) of each inner node (Q = c q off the top tokens).
+        threshold: p~(v) at leaves, p~res(v) at inner nodes.
+    """
+
+    p_tilde: torch.Tensor
+    p_edge: torch.Tensor
+    p_not: torch.Tensor
+    weight: torch.Tensor
+    scale: torch.Tensor
+    threshold: torch.Tensor
+
+
+def _rows(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """Rows ``nodes`` of ``x``: a view when they are consecutive, else a gather."""
+    k = nodes.numel()
+    first = int(nodes[0])
+    if int(nodes[-1]) - first == k - 1:
+        return x.narrow(0, first, k)
+    return x.index_select(0, nodes)
+
+
+def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+             *, _broken: str = "") -> Allocation:
+    """UniVer's allocation, layer by layer (all inner nodes of a depth at once).
+
+    Args:
+        st: tree structure; tokens: LongTensor ``[N]``; target_probs / draft_probs: float ``[N, V]``
+            (validated, drafting ``topk_residual``).
+
+    Returns:
+        :class:`Allocation`. ``_broken`` (test-only negative control): ``"softmax_residual"``
+        normalises the residual max(p~B - Q, 0) with a softmax instead of Z (not lossless).
+    """
+    n = st.num_nodes
+    f64 = torch.float64
+    p_tilde = torch.zeros(n, dtype=f64)
+    p_tilde[0] = 1.0
+    p_edge = torch.zeros(n, dtype=f64)
+    p_not = torch.zeros(n, dtype=f64)
+    weight = torch.zeros(n, dtype=f64)
+    scale = torch.zeros(n, dtype=f64)
+    thr_inner = torch.zeros(n, dtype=f64)
+    is_inner = torch.zeros(n, dtype=torch.bool)
+    for nodes, child_nodes, m in st.inner_levels:
+        k, mmax = child_nodes.shape
+        valid = child_nodes >= 0  # [k, mmax]
+        cnode = child_nodes.clamp(min=0)
+        ctok = tokens[cnode]  # [k, mmax]
+        col = torch.arange(mmax)
+        is_top = valid & (col[None, :] < (m - 1)[:, None])  # top-(m-1) children
+        last_col = (m - 1)[:, None]  # the sampled child u_m
+        B = _rows(target_probs, nodes)  # [k, V]
+        q = _rows(draft_probs, nodes)  # [k, V]
+        Bc = B.gather(1, ctok).to(f64)  # B at the children [k, mmax]
+        qc = q.gather(1, ctok).to(f64)
+        top_mass = (qc * is_top).sum(1)
+        c = torch.where(top_mass < 1, 1.0 / (1.0 - top_mass).clamp_min(1e-300), torch.zeros_like(top_mass))
+        pt = p_tilde[nodes]  # p~(v) [k]
+        B_last = Bc.gather(1, last_col).squeeze(1)
+        Q_last = c * qc.gather(1, last_col).squeeze(1)
+        # Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
+        a = torch.where(Q_last > 0, (pt * B_last / Q_last.clamp_min(1e-300)).clamp(max=1.0), torch.zeros_like(pt))
+        live = (a < 1) & (pt > 0)
+        # Eq. 3: Z = 1 - p~ + S, S = sum_x max(p~ B(x) - Q(x), 0); dense only on live rows
+        S = torch.zeros(k, dtype=f64)
+        if bool(live.any()):
+            li = live.nonzero().squeeze(1)
+            Bl, ql = (B, q) if li.numel() == k else (B.index_select(0, li), q.index_select(0, li))
+            ptl = pt[li].to(B.dtype)[:, None]
+            cl = c[li].to(B.dtype)[:, None]
+            if _broken == "softmax_residual":
+                D = torch.softmax(ptl * Bl - cl * ql, dim=-1)
+            else:
+                D = torch.addcmul(Bl * ptl, ql, -cl).clamp_(min=0)  # max(p~B - c q, 0) over all x
+            S_l = D.sum(1, dtype=f64)
+            # on the top tokens Q = 0: replace max(p~B - c q, 0) by p~B there
+            Dt = D.gather(1, ctok[li]).to(f64)
+            S_l = S_l + ((pt[li, None] * Bc[li] - Dt) * is_top[li]).sum(1)
+            S[li] = S_l
+        Z = 1.0 - pt + S
+        w = torch.where((a < 1) & (Z > 0), (1.0 - a) / Z.clamp_min(1e-300), torch.zeros_like(Z))  # S = 0 when p~ = 0
+        # Eqs. 5-6 at the top children (Q = 0 there), Eq. 4 at the sampled child
+        pe = torch.where(is_top, pt[:, None] * Bc * w[:, None], torch.zeros_like(Bc))
+        pe.scatter_(1, last_col, a[:, None])
+        pn = w * (1.0 - pt)  # Eq. 7
+        # conditional normalisation in traversal (rank) order
+        before = torch.cumsum(pe, 1) - pe
+        den = 1.0 - before
+        pt_child = torch.where(den > 0, pe / den.clamp_min(1e-300), torch.zeros_like(pe)).clamp(0.0, 1.0)
+        den_res = 1.0 - pe.sum(1)
+        thr = torch.where(pn > 0, 1.0 - pn / den_res.clamp_min(1e-300), torch.ones_like(pn)).clamp(0.0, 1.0)
+        vc = child_nodes[valid]
+        p_tilde[vc] = pt_child[valid]
+        p_edge[vc] = pe[valid]
+        p_not[nodes], weight[nodes], scale[nodes], thr_inner[nodes] = pn, w, c, thr
+        is_inner[nodes] = True
+    threshold = torch.where(is_inner, thr_inner, p_tilde)
+    return Allocation(p_tilde, p_edge, p_not, weight, scale, threshold)
+
+
+def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor,
+                   draft_probs: torch.Tensor, v: int, *, children_zeroed: bool = True) -> torch.Tensor:
+    """p_v(x) over the vocabulary for inner node v (Eqs. 4-6), dtype of ``target_probs``.
+
+    With ``children_zeroed`` the children tokens are 0: the (unnormalised) law of y at v.
+    Otherwise the row also holds p_v at the children (Eq. 4 at u_m); sum + p_v(not v) = 1.
+    """
+    ctok = [int(t) for t in tokens[list(st.children[v])].tolist()]
+    pt, c, w = float(alloc.p_tilde[v]), float(alloc.scale[v]), float(alloc.weight[v])
+    B, q = target_probs[v], draft_probs[v]
+    row = torch.add(B * pt, q, alpha=-c).clamp_(min=0)
+    if len(ctok) > 1:
+        row[ctok[:-1]] = B[ctok[:-1]] * pt
+    row.mul_(w)
+    row[ctok[-1]] = 0.0
+    if children_zeroed:
+        row[ctok] = 0.0
+    else:
+        row[ctok[-1]] = float(alloc.p_edge[st.children[v][-1]])
+    return row
+
+
+def decide(st: TreeStructure, threshold: torch.Tensor, eta: torch.Tensor) -> int:
+    """The accepted node: the first node in post-order with ``eta[v] < threshold[v]``.
+
+    Args:
+        threshold: float ``[N]`` (p~ at leaves, p~res at inner nodes; 1 at the root).
+        eta: float ``[N]`` uniforms in [0, 1).
+    """
+    passed = (eta < threshold)[st.postorder_t]
+    k = int(torch.argmax(passed.to(torch.uint8)))  # first True; the root (last) always passes
+    return st.postorder[k] if bool(passed[k]) else 0
+
+
+def _y_row(alloc, st, tokens, target_probs, draft_probs, v: int) -> torch.Tensor:
+    if not st.children[v]:
+        return target_probs[v]
+    row = allocation_row(alloc, st, tokens, target_probs, draft_probs, v)
+    if float(row.sum()) > 0:
+        return row
+    # probability-0 event (v reached while its non-children mass is 0): any law is lossless here
+    row = target_probs[v].clone()
+    row[tokens[list(st.children[v])]] = 0.0
+    return row if float(row.sum()) > 0 else target_probs[v]
+
+
+def univer_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  uniforms: torch.Tensor) -> tuple[int, int]:
+    """One UniVer decision as a pure function of ``uniforms`` (float ``[N, 2]``: column 0 = eta_v,
+    column 1 draws y at the accepted node). Returns ``(node_index, next_token)``."""
+    alloc = allocate(st, tokens, target_probs, draft_probs)
+    v = decide(st, alloc.threshold, uniforms[:, 0])
+    return v, sample_with_uniform(_y_row(alloc, st, tokens, target_probs, draft_probs, v), float(uniforms[v, 1]))
+
+
+def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
+    """Sample one UniVer outcome (common tree form, drafting ``topk_residual``).
+
+    Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
+    return univer_kernel(st, tokens, target_probs, draft_probs, uniforms)
+
+
+def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
+    """Exact law ``[N, V]`` of UniVer's outcome (node i ends the path, next token y).
+
+    P(node v accepted) = threshold(v) * prod over earlier post-order nodes w of (1 - threshold(w));
+    the y law at v is as in :func:`univer_kernel`. ``_broken``: see :func:`allocate`; also
+    ``"inner_ptilde"`` uses p~(v) instead of p~res(v) as the threshold of inner nodes.
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    alloc = allocate(st, tokens, target_probs, draft_probs, _broken=_broken)
+    thr_all = alloc.threshold
+    if _broken == "inner_ptilde":
+        thr_all = alloc.p_tilde
+    thr = thr_all[st.postorder_t]
+    fail_before = torch.cumprod(torch.cat([torch.ones(1, dtype=thr.dtype), 1.0 - thr[:-1]]), 0)
+    p_node = torch.zeros(st.num_nodes, dtype=torch.float64)
+    p_node[st.postorder_t] = thr * fail_before
+    out = torch.zeros_like(target_probs)
+    for v in range(st.num_nodes):
+        if p_node[v] <= 0:
+            continue
+        row = _y_row(alloc, st, tokens, target_probs, draft_probs, v)
+        out[v] = float(p_node[v]) * row / row.sum()
+    return out
+
+
+VERIFIER = register_verifier(Verifier(
+    name="univer", drafting="topk_residual", verify=verify, outcome_probs=outcome_probs,
+    description="UniVer (Weng, Hu, Yairi 2026): layer-wise allocation, one post-order decision",
+))
