@@ -23,7 +23,8 @@ def tiny_llama_config(vocab_size: int = 32, hidden_size: int = 32, num_layers: i
 
 def tiny_ea_model(vocab_size: int = 32, hidden_size: int = 32, num_layers: int = 2, seed: int = 0,
                   logit_scale: float = 4.0, attn_implementation: str = "sdpa", eos_token_id: int | None = None,
-                  tree_choices="mc_sim_7b_63", verifier: str = "rrsw", aligned: bool = False) -> EaModel:
+                  tree_choices="mc_sim_7b_63", verifier: str = "rrsw", aligned: bool = False,
+                  align_shrink: float = 0.3) -> EaModel:
     """An :class:`EaModel` with a random tiny Llama target and a random head sharing its embeddings.
 
     ``logit_scale`` multiplies the lm_head weights so the target's laws are peaked rather than
@@ -31,7 +32,7 @@ def tiny_ea_model(vocab_size: int = 32, hidden_size: int = 32, num_layers: int =
 
     ``aligned=True`` makes the draft head a good (not perfect) predictor, so that deep paths get
     accepted: the target's attention/MLP outputs are shrunk (its next token depends mostly on the
-    current token) and the head's ``fc`` passes the embedding of its input token through.
+    current token; ``align_shrink`` scales them) and the head's ``fc`` passes the embedding of its input token through.
     """
     torch.manual_seed(seed)
     cfg = tiny_llama_config(vocab_size, hidden_size, num_layers, attn_implementation, eos_token_id)
@@ -45,8 +46,8 @@ def tiny_ea_model(vocab_size: int = 32, hidden_size: int = 32, num_layers: int =
     if aligned:
         with torch.no_grad():
             for layer in list(base.model.layers) + list(head.layers):
-                layer.self_attn.o_proj.weight.mul_(0.05)
-                layer.mlp.down_proj.weight.mul_(0.05)
+                layer.self_attn.o_proj.weight.mul_(align_shrink)
+                layer.mlp.down_proj.weight.mul_(align_shrink)
             head.fc.weight.zero_()
             head.fc.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
             head.fc.bias.zero_()
