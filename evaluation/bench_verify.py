@@ -1,0 +1,118 @@
+"""Time one verification step of every registered method.
+
+    python -m evaluation.bench_verify [--quick] [--out runs/bench_verify.json]
+
+Trees 2x5, 3x3, mc_sim_7b_63 and balanced(2,7) (255 nodes); V in {32000, 152064}; float32 on CPU
+(and CUDA when available). Laws are random and peaked: target = softmax(2.5 randn), draft =
+softmax(target logits + 1.0 randn) (a draft that roughly agrees with the target, as a trained head
+does); children are drawn with each method's own rule (:func:`eagle.verify.rules.draw_children`).
+Two timings per row: ``kernel`` (allocation + decision, inputs trusted: ``check=False``) and
+``step`` (the whole ``verify`` call, including :func:`~eagle.verify.checks.check_tree_inputs`).
+The table prints the ratio UniVer / RRSw per row; the JSON holds every number.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+import univer_patch  # noqa: F401  (registers the verifiers)
+from eagle.tree import balanced, build_tree
+from eagle.verify import get_verifier
+from eagle.verify.rules import draw_children
+
+METHODS = ("rrsw", "traversal", "greedy", "univer")
+TREES = {"2x5": "2x5", "3x3": "3x3", "mc_sim_7b_63": "mc_sim_7b_63", "255": balanced(2, 7)}
+VOCABS = (32000, 152064)
+
+
+def make_instance(tree, V: int, rule: str, device: str, seed: int):
+    """Random peaked laws on ``tree`` and children drawn with ``rule``.
+
+    Returns ``(parents [N], tokens [N], target [N, V], draft [N, V])`` (float32 on ``device``).
+    """
+    tb = build_tree(tree)
+    n = tb.num_nodes
+    g = torch.Generator().manual_seed(seed)
+    logits = 2.5 * torch.randn(n, V, generator=g)
+    target = torch.softmax(logits, -1)
+    draft = torch.softmax(logits + 1.0 * torch.randn(n, V, generator=g), -1)
+    tokens = torch.zeros(n, dtype=torch.long)
+    for v in range(n):
+        ch = tb.children[v]
+        if ch:
+            drawn = draw_children(draft[v: v + 1], len(ch), rule, generator=g)[0]
+            assert bool((drawn >= 0).all())
+            tokens[list(ch)] = drawn
+    return tb.parents.to(device), tokens.to(device), target.to(device), draft.to(device)
+
+
+def _time(fn, reps: int, sync) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def bench(quick: bool = False, devices=None):
+    devices = devices or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+    reps = 3 if quick else 10
+    vocabs = VOCABS
+    rows = []
+    jobs = [(d, t, V) for d in devices for t in TREES for V in vocabs]
+    for device, tname, V in tqdm(jobs, desc="bench_verify"):
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        row = {"device": device, "tree": tname, "V": V}
+        for mi, name in enumerate(METHODS):
+            ver = get_verifier(name)
+            parents, tokens, target, draft = make_instance(TREES[tname], V, ver.drafting, device, seed=1000 + mi)
+            ks, ss = [], []
+            for rep_seed in range(2 if quick else 4):  # several coin sequences: different paths
+                gen = torch.Generator(device="cpu").manual_seed(rep_seed)
+                ks.append(_time(lambda: ver.verify(parents, tokens, target, draft, gen, check=False), reps, sync))
+                ss.append(_time(lambda: ver.verify(parents, tokens, target, draft, gen), reps, sync))
+            row[f"{name}_kernel_ms"] = statistics.mean(ks)
+            row[f"{name}_step_ms"] = statistics.mean(ss)
+            del parents, tokens, target, draft
+        row["univer_over_rrsw_kernel"] = row["univer_kernel_ms"] / row["rrsw_kernel_ms"]
+        row["univer_over_rrsw_step"] = row["univer_step_ms"] / row["rrsw_step_ms"]
+        rows.append(row)
+    return rows
+
+
+def format_table(rows) -> str:
+    head = ["device", "tree", "V"] + [f"{m} k/step ms" for m in METHODS] + ["UniVer/RRSw kernel", "UniVer/RRSw step"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        cells = [r["device"], r["tree"], str(r["V"])]
+        cells += [f"{r[m + '_kernel_ms']:.2f}/{r[m + '_step_ms']:.2f}" for m in METHODS]
+        cells += [f"{r['univer_over_rrsw_kernel']:.2f}", f"{r['univer_over_rrsw_step']:.2f}"]
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute on 2 cores)")
+    ap.add_argument("--out", default="runs/bench_verify.json", help="JSON output path")
+    ap.add_argument("--device", action="append", help="cpu and/or cuda (default: cpu, plus cuda if available)")
+    args = ap.parse_args(argv)
+    rows = bench(args.quick, args.device)
+    print(format_table(rows))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"quick": args.quick, "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""verify() samples agree with outcome_probs; kernels are pure functions of their uniforms."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import univer_patch
+from eagle.tree import balanced, build_tree
+from eagle.verify import get_verifier
+from eagle.verify.checks import structure_of
+from eagle.verify.rrsw import rrsw_kernel
+from eagle.verify.rules import draw_children
+from univer_patch import univer
+from univer_patch.greedy import greedy_kernel
+from univer_patch.traversal import traversal_kernel
+
+METHODS = ["rrsw", "traversal", "greedy", "univer"]
+KERNELS = {"rrsw": rrsw_kernel, "traversal": traversal_kernel, "greedy": greedy_kernel, "univer": univer.univer_kernel}
+
+
+def instance(choices, V, rule, seed, dtype=torch.float64, close=True):
+    tb = build_tree(choices)
+    n = tb.num_nodes
+    g = torch.Generator().manual_seed(seed)
+    logits = 2.0 * torch.randn(n, V, generator=g, dtype=torch.float64)
+    target = torch.softmax(logits, -1)
+    draft = torch.softmax((logits if close else 0) + 1.0 * torch.randn(n, V, generator=g, dtype=torch.float64), -1)
+    tokens = torch.zeros(n, dtype=torch.long)
+    for v in range(n):
+        if tb.children[v]:
+            tokens[list(tb.children[v])] = draw_children(draft[v:v + 1], len(tb.children[v]), rule, generator=g)[0]
+    return tb.parents, tokens, target.to(dtype), draft.to(dtype)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("close", [True, False])
+def test_samples_match_outcome_probs(method, close):
+    """Chi-square over outcomes (node, y) with expected count >= 5 (rest pooled), 2000 draws,
+    fixed seed; the test passes at p-value > 1e-3 and total variation < 0.08. Zero-probability outcomes never occur."""
+    ver = get_verifier(method)
+    parents, tokens, target, draft = instance(balanced(2, 2), 5, ver.drafting, seed=3, close=close)
+    exact = ver.outcome_probs(parents, tokens, target, draft)
+    n = 2000
+    g = torch.Generator().manual_seed(11)
+    counts = torch.zeros_like(exact)
+    for _ in range(n):
+        i, y = ver.verify(parents, tokens, target, draft, g)
+        assert exact[i, y] > 0
+        counts[i, y] += 1
+    e, o = (exact * n).flatten(), counts.flatten()
+    big = e >= 5
+    obs = torch.cat([o[big], o[~big].sum().reshape(1)]).tolist()
+    exp = torch.cat([e[big], e[~big].sum().reshape(1)]).tolist()
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert chisquare(obs, exp).pvalue > 1e-3
+    tv = 0.5 * float((counts / n - exact).abs().sum())
+    assert tv < 0.08
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_seeded_determinism_and_purity(method):
+    ver = get_verifier(method)
+    parents, tokens, target, draft = instance("mc_sim_7b_63", 40, ver.drafting, seed=5, dtype=torch.float32)
+    a = [ver.verify(parents, tokens, target, draft, torch.Generator().manual_seed(s)) for s in range(20)]
+    b = [ver.verify(parents, tokens, target, draft, torch.Generator().manual_seed(s)) for s in range(20)]
+    assert a == b
+    st = structure_of(parents)
+    u = torch.rand(st.num_nodes, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert KERNELS[method](st, tokens, target, draft, u) == KERNELS[method](st, tokens, target, draft, u.clone())
+    for i, y in a:
+        assert 0 <= i < st.num_nodes and 0 <= y < target.shape[1]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_large_vocab_no_nan(method):
+    ver = get_verifier(method)
+    parents, tokens, target, draft = instance("3x3", 32000, ver.drafting, seed=9, dtype=torch.float32, close=False)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        i, y = ver.verify(parents, tokens, target, draft, g)
+        assert 0 <= i < target.shape[0] and 0 <= y < 32000 and float(target[i, y]) > 0
+
+
+def test_univer_one_hot_laws_temperature_zero_like():
+    """Degenerate laws (one-hot target, peaked draft): thresholds stay in [0, 1], no NaN."""
+    parents, tokens, target, draft = instance(balanced(2, 2), 5, "topk_residual", seed=2)
+    target = torch.nn.functional.one_hot(target.argmax(-1), 5).double()
+    out = univer.outcome_probs(parents, tokens, target, draft)
+    assert torch.isfinite(out).all() and abs(float(out.sum()) - 1) < 1e-12
+    st = structure_of(parents)
+    alloc = univer.allocate(st, tokens, target, draft)
+    assert ((alloc.threshold >= 0) & (alloc.threshold <= 1)).all()
