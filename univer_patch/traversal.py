@@ -72,10 +72,11 @@ class _State:
             Q = self.Q[v] / self.Qm[v] if self.Qm[v] > 0 else self.Q[v]
         else:
             Q = self.draft[v]
-        r = torch.add(P * al, Q, alpha=-1.0).clamp_(min=0)
-        S = float(r.sum())
+        # max(alpha P - Q, 0) = alpha max(P - Q / alpha, 0): no subnormal products for tiny alpha
+        r = torch.add(P, Q, alpha=-min(1.0 / al, 1e30) if al > 0 else -1e30).clamp_(min=0)
+        S = al * float(r.sum())
         if S > 0:
-            self.P[v], self.Pm[v] = r, S
+            self.P[v], self.Pm[v] = r, float(r.sum())
         else:  # alpha(v) = 0 (v can no longer be accepted): keep the row, never sampled
             self.P[v], self.Pm[v] = (self.P[v], self.Pm[v]) if v in self.P else (self.target[v], 1.0)
         if v not in self.Q:

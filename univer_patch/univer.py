@@ -59,6 +59,10 @@ class Allocation:
     threshold: torch.Tensor
 
 
+#: cap on c / p~ in the dense reduction (see :func:`allocate`)
+LAMBDA_CAP = 1e30
+
+
 def _rows(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     """Rows ``nodes`` of ``x``: a view when they are consecutive, else a gather."""
     k = nodes.numel()
@@ -114,18 +118,20 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
         S = torch.zeros(k, dtype=f64)
         if bool(live.any()):
             li = live.nonzero().squeeze(1)
+            if 2 * li.numel() >= k:  # mostly live: a view of all rows beats copying the live ones
+                li = torch.arange(k)
             Bl, ql = (B, q) if li.numel() == k else (B.index_select(0, li), q.index_select(0, li))
-            ptl = pt[li].to(B.dtype)[:, None]
-            cl = c[li].to(B.dtype)[:, None]
+            # max(p~B - cq, 0) = p~ max(B - lam q, 0), lam = c / p~ (capped: products like p~ B would
+            # be subnormal floats for tiny p~, 10-100x slower on CPU; the cap changes S by < 1e-30)
+            lam = (c[li] / pt[li].clamp_min(1e-300)).clamp(max=LAMBDA_CAP).to(B.dtype)[:, None]
             if _broken == "softmax_residual":
-                D = torch.softmax(ptl * Bl - cl * ql, dim=-1)
+                D = torch.softmax(Bl - lam * ql, dim=-1)
             else:
-                D = torch.addcmul(Bl * ptl, ql, -cl).clamp_(min=0)  # max(p~B - c q, 0) over all x
-            S_l = D.sum(1, dtype=f64)
-            # on the top tokens Q = 0: replace max(p~B - c q, 0) by p~B there
+                D = torch.addcmul(Bl, ql, -lam).clamp_(min=0)  # max(B - lam q, 0) over all x
+            # on the top tokens Q = 0: replace max(B - lam q, 0) by B there
             Dt = D.gather(1, ctok[li]).to(f64)
-            S_l = S_l + ((pt[li, None] * Bc[li] - Dt) * is_top[li]).sum(1)
-            S[li] = S_l
+            S_l = pt[li] * (D.sum(1, dtype=f64) + ((Bc[li] - Dt) * is_top[li]).sum(1))
+            S[li] = torch.where(live[li], S_l, torch.zeros_like(S_l))
         Z = 1.0 - pt + S
         w = torch.where((a < 1) & (Z > 0), (1.0 - a) / Z.clamp_min(1e-300), torch.zeros_like(Z))  # S = 0 when p~ = 0
         # Eqs. 5-6 at the top children (Q = 0 there), Eq. 4 at the sampled child
@@ -157,10 +163,11 @@ def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, t
     ctok = [int(t) for t in tokens[list(st.children[v])].tolist()]
     pt, c, w = float(alloc.p_tilde[v]), float(alloc.scale[v]), float(alloc.weight[v])
     B, q = target_probs[v], draft_probs[v]
-    row = torch.add(B * pt, q, alpha=-c).clamp_(min=0)
+    lam = min(c / pt, LAMBDA_CAP) if pt > 0 else LAMBDA_CAP
+    row = torch.add(B, q, alpha=-lam).clamp_(min=0)  # max(p~B - Q, 0) / p~, no subnormal products
     if len(ctok) > 1:
-        row[ctok[:-1]] = B[ctok[:-1]] * pt
-    row.mul_(w)
+        row[ctok[:-1]] = B[ctok[:-1]]
+    row.mul_(w * pt)
     row[ctok[-1]] = 0.0
     if children_zeroed:
         row[ctok] = 0.0
