@@ -130,7 +130,7 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
                 D = torch.addcmul(Bl, ql, -lam).clamp_(min=0)  # max(B - lam q, 0) over all x
             # on the top tokens Q = 0: replace max(B - lam q, 0) by B there
             Dt = D.gather(1, ctok[li]).to(f64)
-            S_l = pt[li] * (D.sum(1, dtype=f64) + ((Bc[li] - Dt) * is_top[li]).sum(1))
+            S_l = pt[li] * (D.sum(1).to(f64) + ((Bc[li] - Dt) * is_top[li]).sum(1))
             S[li] = torch.where(live[li], S_l, torch.zeros_like(S_l))
         Z = 1.0 - pt + S
         w = torch.where((a < 1) & (Z > 0), (1.0 - a) / Z.clamp_min(1e-300), torch.zeros_like(Z))  # S = 0 when p~ = 0
