@@ -108,12 +108,14 @@ def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
 
-def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
-    """Rows ``probs`` (``[k, V]``) belong to ``nodes`` (``[k]``): finite, >= 0, sum to 1."""
+def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> torch.Tensor | None:
+    """Rows ``probs`` (``[k, V]``) belong to ``nodes`` (``[k]``): finite, >= 0, sum to 1.
+
+    Returns the row maxima ``[k]`` (one pass gives min and max), or None for no rows."""
     if probs.shape[0] == 0:
-        return
+        return None
     s = probs.sum(-1)  # pairwise float32 summation: error far below SUM_TOL
-    mn = probs.amin(-1)
+    mn, mx = torch.aminmax(probs, dim=-1)
     bad = ~torch.isfinite(s) | ~torch.isfinite(mn)
     if bool(bad.any()):
         raise ValueError(f"node {int(nodes[_first(bad)])}: {what} row contains NaN or inf")
@@ -123,6 +125,7 @@ def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
     if bool(off.any()):
         i = _first(off)
         raise ValueError(f"node {int(nodes[i])}: {what} row sums to {float(s[i]):.6g}, not 1 (tol {SUM_TOL})")
+    return mx
 
 
 def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
@@ -178,7 +181,7 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
     inner = torch.tensor([v for v in range(n) if st.children[v]], dtype=torch.long)
     if inner.numel() == 0:
         return st
-    _check_rows(_rows(draft_probs, inner), inner, "draft_probs")
+    draft_max = _check_rows(_rows(draft_probs, inner), inner, "draft_probs")  # [len(inner)]
     par = parents[1:].to(torch.long)
     tok = tokens.to(torch.long)
     q_child = draft_probs[par, tok[1:]]
@@ -199,21 +202,27 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             seen[k] = i
     if drafting == "wor":
         return st
+    pos = {v: i for i, v in enumerate(inner.tolist())}
     for nodes, child_nodes, m in st.inner_levels:
         ntop = m - 1 if drafting == "topk_residual" else m
         kmax = int(ntop.max())
         if kmax == 0:
             continue
-        q = _rows(draft_probs, nodes)  # [k, V]
-        top_vals = torch.topk(q, kmax, dim=-1).values  # [k, kmax], descending
-        cols = torch.arange(kmax)
-        use = cols[None, :] < ntop[:, None]  # [k, kmax]
-        ctok = tok[child_nodes[:, :kmax].clamp(min=0)]
-        cvals = q.gather(1, ctok)
-        cvals = torch.where(use, cvals, torch.full_like(cvals, float("-inf")))
-        cvals_sorted = torch.sort(cvals, dim=-1, descending=True).values
-        ok = torch.where(use, cvals_sorted == top_vals, torch.ones_like(use))
-        bad_row = ~ok.all(-1)
+        ctok = tok[child_nodes[:, :kmax].clamp(min=0)]  # [k, kmax]
+        if kmax == 1:  # one top child: it must hold the row maximum (already known: no extra pass)
+            row_max = draft_max[torch.tensor([pos[v] for v in nodes.tolist()])]
+            cval = draft_probs[nodes, ctok[:, 0]]
+            bad_row = (ntop == 1) & (cval != row_max.to(cval.dtype))
+        else:
+            q = _rows(draft_probs, nodes)  # [k, V]
+            top_vals = torch.topk(q, kmax, dim=-1).values  # [k, kmax], descending
+            cols = torch.arange(kmax)
+            use = cols[None, :] < ntop[:, None]  # [k, kmax]
+            cvals = q.gather(1, ctok)
+            cvals = torch.where(use, cvals, torch.full_like(cvals, float("-inf")))
+            cvals_sorted = torch.sort(cvals, dim=-1, descending=True).values
+            ok = torch.where(use, cvals_sorted == top_vals, torch.ones_like(use))
+            bad_row = ~ok.all(-1)
         if bool(bad_row.any()):
             r = _first(bad_row)
             v = int(nodes[r])
