@@ -36,9 +36,14 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def tiny():
+    import torch
+
     from eagle.testing import tiny_ea_model
 
-    return tiny_ea_model(vocab_size=32, seed=0, aligned=True)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threads only add overhead (and spin on a shared CPU)
+    yield tiny_ea_model(vocab_size=32, seed=0, aligned=True)
+    torch.set_num_threads(n)
 
 
 def _lines(path):
