@@ -146,7 +146,7 @@ def sample_with_uniform(row: torch.Tensor, u: float) -> int:
     total = float(cdf[-1])
     if not total > 0:
         raise ValueError("cannot sample from a row with no positive mass")
-    i = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=cdf.dtype), right=True))
+    i = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=cdf.dtype, device=cdf.device), right=True))
     if i >= row.numel():  # only when u * total rounds up to the total
         i = int((row > 0).nonzero()[-1, 0])
     return i
