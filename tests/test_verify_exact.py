@@ -168,7 +168,7 @@ def test_lossless_by_enumeration(method, choices, V, regime):
     assert 1.0 - 1e-9 <= tau <= max(len(c) for c in choices) + 1 + 1e-9
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("method", list(METHODS))
 def test_lossless_more_seeds_2x2(method, seed):
     rule, fn = METHODS[method]
