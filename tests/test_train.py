@@ -1,0 +1,193 @@
+"""Fast CPU tests of the head-training pipeline on a tiny random Llama (eagle.train.data / .train)."""
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+import torch
+
+from eagle.train import data as D
+from eagle.train import train as T
+
+SPECBENCH_TURNS = [
+    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences.",
+    "Summarize the following article about the economy of small island nations in three sentences please.",
+]
+
+
+def _tiny_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<bos>", "<eos>"]
+    chars = list(string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,?!:\n'-")
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", bos_token="<bos>",
+                                  eos_token="<eos>")
+    tok.chat_template = ("{% for m in messages %}<bos>{{ m['role'] }}:\n{{ m['content'] }}<eos>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<bos>assistant:\n{% endif %}")
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    """A tiny random Llama (hidden 32, 2 layers, vocab 80) + char tokenizer with a chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny_base")
+    tok = _tiny_tokenizer()
+    cfg = LlamaConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("inputs")
+    recs = [{"instruction": f"Write item number {i} of a short list.", "input": "" if i % 2 else f"Topic {i}",
+             "output": f"Item {i}: a plain answer."} for i in range(12)]
+    # planted Spec-Bench overlaps: exact, containing, 8-gram shared
+    recs.append({"instruction": SPECBENCH_TURNS[0], "input": "", "output": "x"})
+    recs.append({"instruction": "Please do this: " + SPECBENCH_TURNS[0].upper(), "input": "", "output": "y"})
+    recs.append({"instruction": "Can you summarize the following article about the economy of small island "
+                                "states today?", "input": "", "output": "z"})
+    prompts = folder / "prompts.json"
+    prompts.write_text(json.dumps(recs))
+    sb = folder / "question.jsonl"
+    sb.write_text("\n".join(json.dumps({"question_id": i, "category": "x", "turns": [t]})
+                            for i, t in enumerate(SPECBENCH_TURNS)) + "\n")
+    return prompts, sb
+
+
+def _data_args(base, out, prompts, sb, seed=0):
+    return ["--base", str(base), "--out", str(out), "--prompts", str(prompts), "--specbench", str(sb),
+            "--n-gen", "4", "--n-fixed", "100", "--shard-size", "2", "--gen-batch", "2",
+            "--fixed-shard-size", "4", "--fixed-per-gen", "1", "--max-new", "6", "--sample-every", "2",
+            "--seed", str(seed), "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_base, tiny_inputs, tmp_path_factory):
+    prompts, sb = tiny_inputs
+    out = tmp_path_factory.mktemp("data")
+    summary = D.main(_data_args(tiny_base, out, prompts, sb))
+    return out, summary
+
+
+def test_dedupe_removes_planted_specbench(tiny_inputs):
+    prompts, sb = tiny_inputs
+    kept, stats = D.dedupe_against_specbench(D.load_alpaca(prompts), sb, ngram=8)
+    assert stats["before"] == 15 and stats["after"] == 12
+    assert stats["dropped_exact_or_contained"] == 2 and stats["dropped_ngram"] == 1
+    assert all("hawaii" not in r["prompt"].lower() and "island" not in r["prompt"].lower() for r in kept)
+
+
+def test_dedupe_real_specbench_question():
+    from pathlib import Path
+
+    if not Path(D.DEFAULT_SPECBENCH).exists():
+        pytest.skip(f"{D.DEFAULT_SPECBENCH} absent")
+    first = json.loads(open(D.DEFAULT_SPECBENCH).readline())["turns"][0]
+    recs = [{"id": 0, "prompt": "  " + first.upper() + "  ", "output": ""},
+            {"id": 1, "prompt": "Name three primary colours.", "output": "Red, yellow and blue."}]
+    kept, _ = D.dedupe_against_specbench(recs, D.DEFAULT_SPECBENCH)
+    assert [r["id"] for r in kept] == [1]
+
+
+def test_data_shards_shapes_masks_and_hidden(tiny_base, tiny_data):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out, summary = tiny_data
+    assert summary["dedupe"]["after"] == 12
+    files = sorted(out.glob("shard_*.safetensors"))
+    kinds = [json.load(open(f.with_suffix(".json")))["kind"] for f in files]
+    assert kinds == ["fixed", "greedy", "fixed", "sample"] + ["fixed"] * (len(files) - 4)
+    assert summary["sequences"] == 12
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_base), dtype=torch.float32).eval()
+    for f in files:
+        sh = load_file(str(f))
+        T_ = sh["input_ids"].shape[0]
+        assert sh["input_ids"].dtype == torch.int32 and sh["loss_mask"].dtype == torch.uint8
+        assert sh["hidden"].dtype == torch.float16 and sh["hidden"].shape == (T_, 32)
+        off = sh["offsets"].tolist()
+        assert off[0] == 0 and off[-1] == T_
+        for a, b in zip(off[:-1], off[1:]):
+            m = sh["loss_mask"][a:b].tolist()
+            first = m.index(1)                          # prompt zeros, then response ones
+            assert first > 0 and all(v == 0 for v in m[:first]) and all(v == 1 for v in m[first:])
+        a, b = off[0], off[1]
+        with torch.no_grad():
+            ref = model.model(sh["input_ids"][a:b].long()[None]).last_hidden_state[0]
+        torch.testing.assert_close(sh["hidden"][a:b].float(), ref, atol=2e-2, rtol=1e-2)
+
+
+def test_data_resumable_and_deterministic(tiny_base, tiny_inputs, tiny_data, tmp_path):
+    from safetensors.torch import load_file
+
+    prompts, sb = tiny_inputs
+    out, _ = tiny_data
+    again = D.main(_data_args(tiny_base, out, prompts, sb))
+    assert again["shards_written_now"] == 0 and again["shards_skipped"] == again["planned"]
+    other = tmp_path / "d2"
+    D.main(_data_args(tiny_base, other, prompts, sb))
+    # delete one shard: a rerun rewrites only that one
+    (other / "shard_00001.safetensors").unlink()
+    third = D.main(_data_args(tiny_base, other, prompts, sb))
+    assert third["shards_written_now"] == 1
+    for f in sorted(out.glob("shard_*.safetensors")):
+        x, y = load_file(str(f)), load_file(str(other / f.name))
+        for k in x:
+            assert torch.equal(x[k], y[k]), (f.name, k)
+
+
+def test_train_reduces_loss_and_saves_loadable_head(tiny_base, tiny_data, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from eagle.model.head import EagleHead
+
+    data, _ = tiny_data
+    out = tmp_path / "head"
+    log = T.main(["--base", str(tiny_base), "--data", str(data), "--out", str(out), "--max-steps", "40",
+                  "--lr", "3e-3", "--warmup", "2", "--batch-tokens", "256", "--val-frac", "0.2",
+                  "--log-every", "5", "--eval-at-start", "--noise", "0.05", "--threads", "1"])
+    hist = log["history"]
+    assert log["steps"] == 40 and len(hist) == 8
+    assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
+    assert log["eval"][-1]["loss"] < log["eval"][0]["loss"]
+    assert 0.0 <= log["eval"][-1]["acc"] <= 1.0
+    state = load_file(str(out / "model.safetensors"))
+    assert "embed_tokens.weight" not in state and state["fc.weight"].dtype == torch.float16
+    assert state["fc.weight"].shape == (32, 64)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_base), dtype=torch.float32)
+    head = EagleHead.from_pretrained(out, embedding=base.get_input_embeddings())
+    y = head(torch.tensor([[5, 6, 7]]), torch.randn(1, 3, 32))
+    assert y.shape == (1, 3, 32)
+    saved = json.load(open(out / "train_log.json"))
+    assert saved["steps"] == 40 and saved["peak_rss_gib"] > 0
+
+
+def test_alignment_loss_uses_next_feature():
+    """A head that outputs exactly f_{t+1} gets zero regression loss and top-1 = 1."""
+    torch.manual_seed(0)
+    B, L, H, V = 2, 6, 8, 11
+    hid = torch.randn(B, L, H)
+    ids = torch.randint(0, V, (B, L))
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[:, 3:] = True
+
+    class Oracle(torch.nn.Module):
+        def forward(self, input_ids, features):
+            assert torch.equal(input_ids, ids[:, 1:]) and torch.equal(features, hid[:, :-1])
+            return hid[:, 1:].clone().requires_grad_(True)
+
+    loss, st = T.eagle_loss(Oracle(), torch.randn(V, H), ids, hid, mask, noise=0.0)
+    assert st["reg"] == 0.0 and st["acc"] == 1.0 and st["n"] == B * 3  # t = 2..4: x_{t+1} is a response token
