@@ -212,7 +212,7 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
         warm_q = {"question_id": -1, "turns": todo[0]["turns"][:1]}
         generate_turns(model, tok, warm_q, method, max_new_tokens=min(16, max_new_tokens), seed=seed, **gen_kw)
     device = getattr(model, "device", "cpu")
-    dtype = getattr(model, "dtype", None)
+    dtype = getattr(model, "dtype", None) or getattr(getattr(model, "base_model", None), "dtype", None)
     model_id = f"{Path(str(model_name)).name}-{method}-temp{_fmt_temp(temperature)}" + (
         f"-{tree_used}" if tree_used else "")
     written = 0

@@ -60,7 +60,8 @@ def test_writes_valid_jsonl_and_resumes(tiny, tmp_path):
     assert [r["question_id"] for r in recs] == [81, 161]
     for r, q in zip(recs, QUESTIONS):
         assert {"question_id", "category", "answer_id", "model_id", "choices", "tstamp", "model", "head", "method",
-                "seed", "temperature", "top_p", "tree", "max_new_tokens"} <= set(r)
+                "seed", "temperature", "top_p", "tree", "max_new_tokens", "device", "dtype"} <= set(r)
+        assert r["dtype"] == "torch.float32" and r["device"] == "cpu"
         assert (r["method"], r["seed"], r["tree"], r["max_new_tokens"]) == ("univer", 3, "2x2", 6)
         c = r["choices"][0]
         assert c["index"] == 0
