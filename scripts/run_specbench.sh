@@ -17,8 +17,11 @@
 #   --out DIR              output folder (default runs/specbench/<model>-temp<T>-<tree>)
 #   --threads N            CPU only: torch threads (default 1: on a shared CPU several threads spin against
 #                          each other; 1 was 20x faster here). 0 = torch's default (a dedicated machine)
-#   --quick                1 seed, 1 question per group, 64 new tokens (about 15 min on 2 CPU cores
-#                          with the default model; explicit options given after --quick win)
+#   --quick                1 seed, 1 question per group (7 generations: mt_bench has 2 turns), 48 new
+#                          tokens; options given after --quick win. Cost on 2 shared CPU cores (load ~6,
+#                          1 thread, default model, tree 2x5): naive ~0.3 s/token, a tree step ~1.7 s,
+#                          so ~2 min + 4 x (340/tau x 1.7 s) = about 18 min at tau 2.5 (a trained head),
+#                          about 40 min with an untrained head (tau ~1)
 # Device: CUDA when available (float16), else CPU (float32).
 # Outputs: DIR/answers/*.jsonl, DIR/speed.json, DIR/table1.md/.json, DIR/table3.md/.json.
 set -euo pipefail
@@ -52,8 +55,8 @@ while [[ $# -gt 0 ]]; do
     --question-file) QFILE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
-    --quick) SEEDS="0"; PER_CAT=1; MAX_NEW=64; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --quick) SEEDS="0"; PER_CAT=1; MAX_NEW=48; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
