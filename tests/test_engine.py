@@ -222,3 +222,27 @@ def test_head_target_mismatch(tmp_path):
     b = tiny_ea_model(vocab_size=48, hidden_size=32)
     with pytest.raises(CheckpointMismatchError, match="vocab"):
         EaModel(b.base_model, a.ea_layer)
+
+
+def test_head_cache_holds_exactly_the_committed_pairs(monkeypatch):
+    """At every draft call the head cache equals a fresh head pass over the committed
+    (embed(x_{t+1}), target feature_t) pairs: draft positions never leak into later cycles."""
+    m = tiny_ea_model(vocab_size=32, seed=1, aligned=True)
+    seen = []
+    original = m.drafter.draft
+
+    def spy(head_cache, *args, **kwargs):
+        seen.append([(l.keys.clone(), l.values.clone()) for l in head_cache.layers])
+        return original(head_cache, *args, **kwargs)
+
+    monkeypatch.setattr(m.drafter, "draft", spy)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    out = m.eagenerate(ids, temperature=1.0, max_new_tokens=25, tree_choices="2x5", verifier="univer", seed=3)
+    assert len(seen) >= 3
+    for layers in seen:
+        c = layers[0][0].shape[-2]  # committed pairs = committed tokens - 1
+        feats, _ = m.target_forward(out[:, :c], torch.arange(c)[None], new_cache(m.base_model.config))
+        fresh = new_cache(m.ea_layer.config)
+        m.ea_layer(out[:, 1:c + 1], feats, position_ids=torch.arange(c)[None], cache=fresh)
+        k, v = layers[0]
+        assert (k - fresh.layers[0].keys).abs().max() <= 1e-4 and (v - fresh.layers[0].values).abs().max() <= 1e-4
