@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .model.kv_cache import cache_length, truncate_cache
-from .sampling import SamplingConfig, logits_to_probs
+from .sampling import SamplingConfig, check_logits, logits_to_probs
 from .tree import TreeBuffers
 from .verify.rules import draw_children
 
@@ -117,6 +117,7 @@ class EagleTreeDrafter:
                     hidden[expand] = out[0]
                     cached_nodes.append(expand)
                 logits = self.lm_head(hidden[expand]).float()
+                check_logits(logits, "draft logits (head output)")
                 if cfg.greedy:
                     q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
                 else:
@@ -126,7 +127,9 @@ class EagleTreeDrafter:
                 for m in torch.unique(m_per_node).tolist():
                     sel = (m_per_node == m).to(device)
                     nodes = expand[sel]
-                    kids = draw_children(q[sel], int(m), rule, generator)  # [g, m]
+                    kids = draw_children(q[sel], min(int(m), vocab), rule, generator)  # [g, min(m, V)]
+                    if kids.shape[1] < m:  # more children than tokens: the extra ones are pruned
+                        kids = torch.cat([kids, kids.new_full((kids.shape[0], int(m) - kids.shape[1]), -1)], 1)
                     child_idx = torch.tensor([tree.children[int(v)] for v in nodes.tolist()],
                                              dtype=torch.long, device=device)
                     tokens[child_idx.flatten()] = kids.flatten().to(device)

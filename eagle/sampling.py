@@ -6,6 +6,9 @@ everywhere (an upstream EAGLE bug sampled the bonus token without the processing
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 __all__ = ["SamplingConfig", "logits_to_probs", "check_logits", "sample_from", "greedy_token"]
@@ -20,13 +23,16 @@ class SamplingConfig:
         top_k: >= 0; keep the k most probable tokens (0 = off).
 
     Raises:
-        ValueError: on a negative temperature, top_p outside (0, 1] or negative top_k.
+        ValueError: on a negative or non-finite temperature, top_p outside (0, 1], or top_k that is
+            not a non-negative integer.
     """
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+            raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
         temperature, top_p, top_k = float(temperature), float(top_p), int(top_k)
-        if not temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not (math.isfinite(temperature) and temperature >= 0.0):
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if top_k < 0:
@@ -66,7 +72,8 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         return torch.nn.functional.one_hot(greedy_token(logits), logits.shape[-1]).float()
-    x = logits / cfg.temperature
+    # shift by the row max first: a tiny temperature then gives 0 / -inf instead of inf - inf = NaN
+    x = (logits - logits.amax(dim=-1, keepdim=True)) / cfg.temperature
     if cfg.top_k > 0 and cfg.top_k < x.shape[-1]:
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

@@ -123,17 +123,26 @@ def load_questions(path: os.PathLike | str) -> list[dict]:
     """Read a question JSONL file (blank lines skipped) into a list of dicts, file order kept.
 
     Raises:
-        ValueError: a line lacks ``question_id``, ``category`` or ``turns``.
+        ValueError: naming ``path:line``: invalid JSON, not an object, a missing ``question_id`` /
+            ``category`` / ``turns``, or ``turns`` not a non-empty list of strings.
     """
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            q = json.loads(line)
+            try:
+                q = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(q, dict):
+                raise ValueError(f"{path}:{n}: a question must be a JSON object, got {type(q).__name__}")
             for key in ("question_id", "category", "turns"):
                 if key not in q:
                     raise ValueError(f"{path}:{n}: question lacks {key!r}")
+            turns = q["turns"]
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{path}:{n}: 'turns' must be a non-empty list of strings, got {turns!r:.80}")
             out.append(q)
     return out
 

@@ -220,6 +220,7 @@ def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tens
     Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
     """
     st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    tokens = tokens.long()
     uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
     return univer_kernel(st, tokens, target_probs, draft_probs, uniforms)
 
@@ -233,6 +234,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     ``"inner_ptilde"`` uses p~(v) instead of p~res(v) as the threshold of inner nodes.
     """
     st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    tokens = tokens.long()
     alloc = allocate(st, tokens, target_probs, draft_probs, _broken=_broken)
     thr_all = alloc.threshold
     if _broken == "inner_ptilde":

@@ -14,8 +14,8 @@ next root), whose target feature is computed in the next tree forward.
 """
 from __future__ import annotations
 
+import numbers
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -166,8 +166,15 @@ class EaModel(nn.Module):
             raise ValueError(f"batch size 1 only: input_ids must be [1, L], got shape {tuple(input_ids.shape)}")
         if input_ids.shape[1] == 0:
             raise ValueError("empty prompt: input_ids has no tokens")
-        if int(max_new_tokens) < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
+        vocab = self.lm_head.weight.shape[0]
+        bad = (input_ids < 0) | (input_ids >= vocab)
+        if bool(bad.any()):
+            i = int(bad[0].nonzero()[0])
+            raise ValueError(f"input_ids[0, {i}] = {int(input_ids[0, i])} is outside the vocabulary [0, {vocab})")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         return input_ids.to(self.device, torch.long)
 
     def _generator(self, seed):

@@ -150,6 +150,8 @@ class EagleHead(nn.Module):
             if tuple(state[k].shape) != tuple(shape):
                 raise CheckpointMismatchError(f"{folder}: key {k!r} has shape {tuple(state[k].shape)}, "
                                               f"config implies {tuple(shape)}")
+            if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all()):
+                raise CheckpointMismatchError(f"{folder}: key {k!r} holds NaN or inf values")
         model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
         model.to(device=device, dtype=dtype)
         if not has_emb:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import re
 
 __all__ = ["MC_SIM_7B_63", "balanced", "chain", "resolve_tree"]
@@ -40,10 +41,21 @@ def resolve_tree(spec) -> list[list[int]]:
     ``"2x5"``) or ``"chainD"``.
 
     Raises:
-        ValueError: for an unknown spec string.
+        ValueError: for an unknown spec string, an empty choices list or a non-integer rank.
     """
     if not isinstance(spec, str):
-        return [list(map(int, p)) for p in spec]
+        paths = []
+        for p in spec:
+            if isinstance(p, (str, bytes)) or not hasattr(p, "__iter__"):
+                raise ValueError(f"each choice must be a list of integer ranks, got {p!r}")
+            p = list(p)
+            for r in p:
+                if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+                    raise ValueError(f"rank {r!r} in path {p} is not an integer")
+            paths.append([int(r) for r in p])
+        if not paths:
+            raise ValueError("choices is empty: a tree needs at least one draft node")
+        return paths
     s = spec.strip().lower()
     if s in ("mc_sim_7b_63", "eagle", "mc_sim_7b"):
         return [list(p) for p in MC_SIM_7B_63]

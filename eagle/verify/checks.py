@@ -114,7 +114,7 @@ def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> torch.Te
     Returns the row maxima ``[k]`` (one pass gives min and max), or None for no rows."""
     if probs.shape[0] == 0:
         return None
-    s = probs.sum(-1)  # pairwise float32 summation: error far below SUM_TOL
+    s = probs.sum(-1, dtype=torch.float32) if probs.dtype in (torch.float16, torch.bfloat16) else probs.sum(-1)
     mn, mx = torch.aminmax(probs, dim=-1)
     bad = ~torch.isfinite(s) | ~torch.isfinite(mn)
     if bool(bad.any()):
@@ -158,8 +158,9 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if parents.dim() != 1 or tokens.dim() != 1:
         raise ValueError(f"parents and tokens must be 1-D, got shapes {tuple(parents.shape)} and {tuple(tokens.shape)}")
-    if parents.dtype.is_floating_point or tokens.dtype.is_floating_point:
-        raise ValueError("parents and tokens must be integer tensors")
+    for name, t in (("parents", parents), ("tokens", tokens)):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
     n = parents.shape[0]
     if tokens.shape[0] != n:
         raise ValueError(f"tokens has {tokens.shape[0]} nodes, parents has {n}")
