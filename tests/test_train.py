@@ -191,3 +191,19 @@ def test_alignment_loss_uses_next_feature():
 
     loss, st = T.eagle_loss(Oracle(), torch.randn(V, H), ids, hid, mask, noise=0.0)
     assert st["reg"] == 0.0 and st["acc"] == 1.0 and st["n"] == B * 3  # t = 2..4: x_{t+1} is a response token
+
+
+def test_data_partial_kinds_fill_the_same_plan(tiny_base, tiny_inputs, tiny_data, tmp_path):
+    """--kinds / --first-shards build a subset of the same plan; a later run fills in identical shards."""
+    from safetensors.torch import load_file
+
+    prompts, sb = tiny_inputs
+    out, _ = tiny_data
+    part = tmp_path / "part"
+    s1 = D.main(_data_args(tiny_base, part, prompts, sb) + ["--kinds", "fixed", "--first-shards", "2"])
+    assert s1["shards_written_now"] == 1 and s1["shards_total"] == 1          # shard 0 (fixed) only
+    s2 = D.main(_data_args(tiny_base, part, prompts, sb) + ["--kinds", "greedy", "--first-shards", "2"])
+    assert s2["shards_written_now"] == 1 and s2["shards_total"] == 2          # + shard 1 (greedy)
+    for name in ("shard_00000.safetensors", "shard_00001.safetensors"):
+        x, y = load_file(str(out / name)), load_file(str(part / name))
+        assert all(torch.equal(x[k], y[k]) for k in x)

@@ -309,6 +309,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kinds", default="fixed,greedy,sample",
+                    help="build only shards of these kinds now (the plan is unchanged; a later run fills the rest)")
+    ap.add_argument("--first-shards", type=int, default=0,
+                    help="build only shards whose plan index is below this (0: all)")
     ap.add_argument("--max-minutes", type=float, default=0.0, help="start no new shard after this (0: no limit)")
     args = ap.parse_args(argv)
 
@@ -327,12 +331,15 @@ def main(argv: list[str] | None = None) -> dict:
         json.dump({"args": vars(args), "dedupe": stats,
                    "shards": [{"index": p["index"], "kind": p["kind"], "n": len(p["records"])} for p in plan]},
                   f, indent=1)
+    kinds = set(args.kinds.split(","))
     done = skipped = 0
     bar = tqdm(plan, desc="shards", unit="shard")
     for shard in bar:
         name = out / f"shard_{shard['index']:05d}"
         if name.with_suffix(".safetensors").exists() and name.with_suffix(".json").exists():
             skipped += 1
+            continue
+        if shard["kind"] not in kinds or (args.first_shards and shard["index"] >= args.first_shards):
             continue
         if args.max_minutes and time.time() - t_start > args.max_minutes * 60:
             bar.write(f"time budget of {args.max_minutes} min reached; stopping before shard {shard['index']}")
