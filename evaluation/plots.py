@@ -68,15 +68,7 @@ def plot_tau_vs_depth(speed: dict, out_path, temperature: Optional[float] = None
     ax.set_xlabel("tree depth (draft steps)")
     ax.set_ylabel("τ (tokens per target forward)")
     ax.set_title(f"τ vs depth, temperature {temperature:g}" if temperature is not None else "τ vs depth")
-    ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=8)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, ax, out_path, legend=bool(series))
 
 
 def plot_tau_vs_temperature(speed: dict, out_path, tree: Optional[str] = None,
@@ -97,8 +89,13 @@ def plot_tau_vs_temperature(speed: dict, out_path, tree: Optional[str] = None,
     ax.set_xlabel("temperature")
     ax.set_ylabel("τ (tokens per target forward)")
     ax.set_title(f"τ vs temperature, tree {tree}")
+    return _save(fig, ax, out_path, legend=any_line)
+
+
+def _save(fig, ax, out_path, legend: bool) -> Path:
+    """Grid, optional legend, write the PNG (parent folders created), close the figure."""
     ax.grid(alpha=0.3)
-    if any_line:
+    if legend:
         ax.legend(fontsize=8)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
