@@ -207,3 +207,63 @@ def test_data_partial_kinds_fill_the_same_plan(tiny_base, tiny_inputs, tiny_data
     for name in ("shard_00000.safetensors", "shard_00001.safetensors"):
         x, y = load_file(str(out / name)), load_file(str(part / name))
         assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_data_workers_split_the_plan(tiny_base, tiny_inputs, tiny_data, tmp_path):
+    """Two --worker I/2 runs into one folder build disjoint shards identical to a one-process run."""
+    from safetensors.torch import load_file
+
+    prompts, sb = tiny_inputs
+    out, full = tiny_data
+    split = tmp_path / "split"
+    a = D.main(_data_args(tiny_base, split, prompts, sb) + ["--worker", "0/2"])
+    b = D.main(_data_args(tiny_base, split, prompts, sb) + ["--worker", "1/2"])
+    assert a["shards_written_now"] + b["shards_written_now"] == full["shards_total"] == b["shards_total"]
+    assert a["shards_written_now"] > 0 and b["shards_written_now"] > 0
+    for p in sorted(out.glob("shard_*.safetensors")):
+        x, y = load_file(str(p)), load_file(str(split / p.name))
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    with pytest.raises(SystemExit):
+        D.main(_data_args(tiny_base, tmp_path / "bad", prompts, sb) + ["--worker", "2/2"])
+
+
+def test_data_exclude_gen_of_earlier_run(tiny_base, tiny_inputs, tiny_data, tmp_path):
+    """--exclude-gen-of DIR: the new plan answers none of the prompts DIR's plan answers itself."""
+    prompts, sb = tiny_inputs
+    first, _ = tiny_data
+    args = json.load(open(first / "plan.json"))["args"]
+    recs, _ = D.dedupe_against_specbench(D.load_alpaca(prompts), sb, 8)
+    earlier = {r["id"] for p in D.plan_shards(recs, args["n_gen"], 0, args["shard_size"], args["seed"])
+               for r in p["records"]}
+    second = tmp_path / "second"
+    s = D.main(_data_args(tiny_base, second, prompts, sb, seed=1) + ["--exclude-gen-of", str(first), "--kinds", "x"])
+    assert s["dedupe"]["excluded_gen_of_earlier_run"] == len(earlier) == args["n_gen"]
+
+
+def test_train_several_folders_val_data_and_init(tiny_base, tiny_inputs, tiny_data, tmp_path):
+    """--data A,B --val-data B holds out only B's sequences; --init starts from a saved head."""
+    from eagle.model.head import EagleHead
+
+    prompts, sb = tiny_inputs
+    a, _ = tiny_data
+    b = tmp_path / "b"
+    D.main(_data_args(tiny_base, b, prompts, sb, seed=3))
+    common = ["--base", str(tiny_base), "--batch-tokens", "256", "--threads", "1", "--warmup", "1",
+              "--lr", "3e-3", "--val-frac", "0.5", "--eval-at-start"]
+    h1 = tmp_path / "h1"
+    T.main(common + ["--data", str(a), "--out", str(h1), "--max-steps", "30"])
+    h2 = tmp_path / "h2"
+    log = T.main(common + ["--data", f"{a},{b}", "--val-data", str(b), "--out", str(h2), "--max-steps", "1",
+                           "--init", str(h1), "--lr", "1e-9"])
+    n_a, n_b = len(T.load_sequences(a)), len(T.load_sequences(b))
+    assert log["val_sequences"] == round(0.5 * n_b) and log["train_sequences"] == n_a + n_b - log["val_sequences"]
+    # the warm start is h1 itself: its held-out loss at step 0 equals h1's loss on that set
+    ref = T.main(common + ["--data", f"{a},{b}", "--val-data", str(b), "--out", str(tmp_path / "h3"),
+                           "--max-steps", "1", "--lr", "1e-9"])
+    assert log["eval"][0]["loss"] < ref["eval"][0]["loss"]
+    emb = torch.nn.Embedding(80, 32)  # fc weights do not depend on it
+    w1 = EagleHead.from_pretrained(h1, embedding=emb).fc.weight
+    w2 = EagleHead.from_pretrained(h2, embedding=emb).fc.weight
+    assert torch.allclose(w1.float(), w2.float(), atol=1e-3)
+    with pytest.raises(ValueError, match="val-data"):
+        T.main(common + ["--data", str(a), "--val-data", str(b), "--out", str(tmp_path / "h4"), "--max-steps", "1"])

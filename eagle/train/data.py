@@ -314,7 +314,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--first-shards", type=int, default=0,
                     help="build only shards whose plan index is below this (0: all)")
     ap.add_argument("--max-minutes", type=float, default=0.0, help="start no new shard after this (0: no limit)")
+    ap.add_argument("--worker", default="0/1",
+                    help="I/N: build only shards whose plan index is I mod N, so N processes (one thread each) "
+                         "can fill one folder in parallel")
+    ap.add_argument("--exclude-gen-of", default="",
+                    help="folder of an earlier run: leave out the prompts its plan answers with the target itself "
+                         "(so a second folder adds new self-distilled prompts)")
     args = ap.parse_args(argv)
+    try:
+        worker, n_workers = (int(x) for x in args.worker.split("/"))
+        if not 0 <= worker < n_workers:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--worker must be I/N with 0 <= I < N, got {args.worker!r}")
 
     from tqdm import tqdm
 
@@ -324,10 +336,19 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.time()
     records = load_alpaca(args.prompts)
     kept, stats = dedupe_against_specbench(records, args.specbench, args.ngram)
+    if args.exclude_gen_of:
+        with open(Path(args.exclude_gen_of) / "plan.json") as f:
+            other = json.load(f)["args"]
+        earlier = [r for p in plan_shards(kept, other["n_gen"], 0, other["shard_size"], other["seed"])
+                   for r in p["records"]]
+        used = {r["id"] for r in earlier}
+        kept = [r for r in kept if r["id"] not in used]
+        stats["excluded_gen_of_earlier_run"] = len(used)
     plan = plan_shards(kept, args.n_gen, args.n_fixed, args.shard_size, args.seed, args.sample_every,
                        args.fixed_shard_size, args.fixed_per_gen)
     model, tok = load_base(args.base)
-    with open(out / "plan.json", "w") as f:
+    plan_name = "plan.json" if n_workers == 1 else f"plan.worker{worker}.json"
+    with open(out / plan_name, "w") as f:
         json.dump({"args": vars(args), "dedupe": stats,
                    "shards": [{"index": p["index"], "kind": p["kind"], "n": len(p["records"])} for p in plan]},
                   f, indent=1)
@@ -340,6 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
             skipped += 1
             continue
         if shard["kind"] not in kinds or (args.first_shards and shard["index"] >= args.first_shards):
+            continue
+        if shard["index"] % n_workers != worker:
             continue
         if args.max_minutes and time.time() - t_start > args.max_minutes * 60:
             bar.write(f"time budget of {args.max_minutes} min reached; stopping before shard {shard['index']}")

@@ -208,20 +208,35 @@ def train(args) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.time()
     cfg, emb, lm_w = _load_target_parts(args.base)
-    seqs = load_sequences(args.data, args.max_len)
-    if len(seqs) < 2:
-        raise ValueError(f"{args.data}: need at least 2 usable sequences, found {len(seqs)}")
-    perm = list(range(len(seqs)))
+    folders = [d for d in args.data.split(",") if d]
+    val_folders = [d for d in (args.val_data or args.data).split(",") if d]
+    unknown = [d for d in val_folders if d not in folders]
+    if unknown:
+        raise ValueError(f"--val-data folders {unknown} are not in --data {folders}")
+    by_folder = {d: load_sequences(d, args.max_len) for d in folders}
+    seqs = [s for d in folders for s in by_folder[d]]
+    pool = [s for d in val_folders for s in by_folder[d]]
+    if len(seqs) < 2 or not pool:
+        raise ValueError(f"{args.data}: need at least 2 usable sequences (and one in --val-data), found {len(seqs)}")
+    perm = list(range(len(pool)))
     random.Random(args.seed + 1).shuffle(perm)
-    n_val = min(max(1, int(round(len(seqs) * args.val_frac))), args.val_max_seqs, len(seqs) - 1)
-    val = [seqs[i] for i in perm[:n_val]]
-    tr = [seqs[i] for i in perm[n_val:]]
+    n_val = min(max(1, int(round(len(pool) * args.val_frac))), args.val_max_seqs, len(seqs) - 1)
+    val = [pool[i] for i in perm[:n_val]]
+    val_ids = {id(s) for s in val}
+    tr = [s for s in seqs if id(s) not in val_ids]
     n_tok = sum(len(s["ids"]) for s in tr)
     n_resp = sum(int(s["mask"][1:].sum()) for s in tr)
 
     head_cfg = head_config_from_base(cfg, bias=True)
     head_cfg._attn_implementation = "sdpa"
-    head = EagleHead(head_cfg, with_embeddings=False)
+    if args.init:  # warm start from an earlier head (public EAGLE-1 layout), trained further in float32
+        head = EagleHead.from_pretrained(args.init, embedding=emb).float()
+        if head.config.hidden_size != head_cfg.hidden_size or head.config.vocab_size != head_cfg.vocab_size:
+            raise ValueError(f"--init {args.init}: head (hidden {head.config.hidden_size}, vocab "
+                             f"{head.config.vocab_size}) does not fit the base (hidden {head_cfg.hidden_size}, "
+                             f"vocab {head_cfg.vocab_size})")
+    else:
+        head = EagleHead(head_cfg, with_embeddings=False)
     head.tie_embeddings(emb)
     params = [p for n, p in head.named_parameters() if p.requires_grad and not n.startswith("embed_tokens")]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
@@ -318,7 +333,11 @@ def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="default", help='HF causal LM path / hub id, or "default"')
-    ap.add_argument("--data", required=True, help="folder of shards from eagle.train.data")
+    ap.add_argument("--data", required=True, help="folder(s) of shards from eagle.train.data, comma-separated")
+    ap.add_argument("--val-data", default="",
+                    help="draw the held-out sequences only from these --data folders (default: all); with --init, "
+                         "name folders the initial head never trained on, so held-out stays held out")
+    ap.add_argument("--init", default="", help="start from this head folder (public EAGLE-1 layout) instead of random")
     ap.add_argument("--out", required=True, help="head folder (config.json + model.safetensors + train_log.json)")
     ap.add_argument("--epochs", type=float, default=3.0)
     ap.add_argument("--max-steps", type=int, default=0, help="overrides --epochs when > 0")
