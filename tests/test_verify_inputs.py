@@ -137,3 +137,30 @@ def test_apply_calls_set_verifier():
     assert univer_patch.apply(m, "univer") is m and m.name == "univer"
     with pytest.raises(ValueError):
         univer_patch.apply(m, "nope")
+
+
+@pytest.mark.parametrize("rule", ["topk_residual", "topk"])
+def test_rule_check_matches_sorting_reference(rule):
+    """The one-pass count check accepts exactly the child lists a sort-based reference accepts
+    (random laws with many ties, every ordered choice of 3 distinct children at the root)."""
+    import itertools
+
+    g = torch.Generator().manual_seed(5)
+    V = 6
+    parents = torch.tensor([-1, 0, 0, 0])
+    for trial in range(20):
+        q = torch.randint(1, 4, (V,), generator=g).double()  # values in {1,2,3}: ties everywhere
+        q = q / q.sum()
+        dp = q.expand(4, V).clone()
+        tp = torch.full((4, V), 1.0 / V, dtype=torch.float64)
+        ntop = 2 if rule == "topk_residual" else 3
+        for kids in itertools.permutations(range(V), 3):
+            top = list(kids[:ntop])
+            others = [x for x in range(V) if x not in top]
+            expected = min(q[top]) >= max(q[others])  # no other token strictly more probable
+            tokens = torch.tensor([0, *kids])
+            if expected:
+                check_tree_inputs(parents, tokens, tp, dp, rule)
+            else:
+                with pytest.raises(ValueError, match="node 0"):
+                    check_tree_inputs(parents, tokens, tp, dp, rule)
