@@ -32,6 +32,7 @@ Z before it stops, because the top-(m-1) subtrees (small p~) come first in post-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -67,13 +68,36 @@ class Allocation:
 LAMBDA_CAP = 1e30
 
 
-def _rows(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-    """Rows ``nodes`` of ``x``: a view when they are consecutive, else a gather."""
-    k = nodes.numel()
-    first = int(nodes[0])
-    if int(nodes[-1]) - first == k - 1:
-        return x.narrow(0, first, k)
-    return x.index_select(0, nodes)
+@dataclass(frozen=True)
+class _Level:
+    """Structure-only tensors of one depth's inner nodes (computed once per tree shape)."""
+
+    nodes: torch.Tensor  # [k] inner nodes of this depth
+    first: int  # nodes[0] when the nodes are consecutive (a row view), else -1
+    cnode: torch.Tensor  # [k, mmax] child nodes, padding -> 0
+    valid: torch.Tensor  # [k, mmax] bool: a real child
+    is_top: torch.Tensor  # [k, mmax] bool: one of the top-(m-1) children
+    last_col: torch.Tensor  # [k, 1] column of the sampled child u_m
+    vc: torch.Tensor  # real child nodes, row-major ([valid.sum()])
+
+
+@lru_cache(maxsize=256)
+def _levels(st: TreeStructure) -> tuple:
+    out = []
+    for nodes, child_nodes, m in st.inner_levels:
+        k, mmax = child_nodes.shape
+        valid = child_nodes >= 0
+        col = torch.arange(mmax)
+        consecutive = int(nodes[-1]) - int(nodes[0]) == k - 1
+        out.append(_Level(nodes=nodes, first=int(nodes[0]) if consecutive else -1, cnode=child_nodes.clamp(min=0),
+                          valid=valid, is_top=valid & (col[None, :] < (m - 1)[:, None]),
+                          last_col=(m - 1)[:, None], vc=child_nodes[valid]))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _leaf_mask(st: TreeStructure) -> torch.Tensor:
+    return torch.tensor([not ch for ch in st.children], dtype=torch.bool)
 
 
 def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -96,64 +120,51 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     p_not = torch.zeros(n, dtype=f64)
     weight = torch.zeros(n, dtype=f64)
     scale = torch.zeros(n, dtype=f64)
-    thr_inner = torch.zeros(n, dtype=f64)
-    is_inner = torch.zeros(n, dtype=torch.bool)
-    for nodes, child_nodes, m in st.inner_levels:
-        k, mmax = child_nodes.shape
-        valid = child_nodes >= 0  # [k, mmax]
-        cnode = child_nodes.clamp(min=0)
-        ctok = tokens[cnode]  # [k, mmax]
-        col = torch.arange(mmax)
-        is_top = valid & (col[None, :] < (m - 1)[:, None])  # top-(m-1) children
-        last_col = (m - 1)[:, None]  # the sampled child u_m
-        B = _rows(target_probs, nodes)  # [k, V]
-        q = _rows(draft_probs, nodes)  # [k, V]
+    threshold = torch.zeros(n, dtype=f64)
+    for lv in _levels(st):
+        nodes, is_top, last_col = lv.nodes, lv.is_top, lv.last_col
+        ctok = tokens[lv.cnode]  # [k, mmax]
+        if lv.first >= 0:
+            B = target_probs.narrow(0, lv.first, nodes.numel())  # [k, V]
+            q = draft_probs.narrow(0, lv.first, nodes.numel())
+        else:
+            B, q = target_probs.index_select(0, nodes), draft_probs.index_select(0, nodes)
         Bc = B.gather(1, ctok).to(f64)  # B at the children [k, mmax]
         qc = q.gather(1, ctok).to(f64)
         top_mass = (qc * is_top).sum(1)
-        c = torch.where(top_mass < 1, 1.0 / (1.0 - top_mass).clamp_min(1e-300), torch.zeros_like(top_mass))
+        c = 1.0 / (1.0 - top_mass).clamp_min(1e-300)  # Q = c q off the top tokens (top_mass < 1: validated)
         pt = p_tilde[nodes]  # p~(v) [k]
         B_last = Bc.gather(1, last_col).squeeze(1)
-        Q_last = c * qc.gather(1, last_col).squeeze(1)
+        Q_last = c * qc.gather(1, last_col).squeeze(1)  # > 0: a child has nonzero draft probability
         # Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
-        a = torch.where(Q_last > 0, (pt * B_last / Q_last.clamp_min(1e-300)).clamp(max=1.0), torch.zeros_like(pt))
-        live = (a < 1) & (pt > 0)
-        # Eq. 3: Z = 1 - p~ + S, S = sum_x max(p~ B(x) - Q(x), 0); dense only on live rows
-        S = torch.zeros(k, dtype=f64)
-        if bool(live.any()):
-            li = live.nonzero().squeeze(1)
-            if 2 * li.numel() >= k:  # mostly live: a view of all rows beats copying the live ones
-                li = torch.arange(k)
-            Bl, ql = (B, q) if li.numel() == k else (B.index_select(0, li), q.index_select(0, li))
-            # max(p~B - cq, 0) = p~ max(B - lam q, 0), lam = c / p~ (capped: products like p~ B would
-            # be subnormal floats for tiny p~, 10-100x slower on CPU; the cap changes S by < 1e-30)
-            lam = (c[li] / pt[li].clamp_min(1e-300)).clamp(max=LAMBDA_CAP).to(B.dtype)[:, None]
-            if _broken == "softmax_residual":
-                D = torch.softmax(Bl - lam * ql, dim=-1)
-            else:
-                D = torch.addcmul(Bl, ql, -lam).clamp_(min=0)  # max(B - lam q, 0) over all x
-            # on the top tokens Q = 0: replace max(B - lam q, 0) by B there
-            Dt = D.gather(1, ctok[li]).to(f64)
-            S_l = pt[li] * (D.sum(1).to(f64) + ((Bc[li] - Dt) * is_top[li]).sum(1))
-            S[li] = torch.where(live[li], S_l, torch.zeros_like(S_l))
+        a = (pt * B_last / Q_last.clamp_min(1e-300)).clamp(max=1.0)
+        # Eq. 3: Z = 1 - p~ + S, S = sum_x max(p~ B(x) - Q(x), 0) = p~ sum_x max(B - lam q, 0) with
+        # lam = c / p~ (capped: products like p~ B would be subnormal floats for tiny p~, 10-100x
+        # slower on CPU; the cap changes S by < 1e-30). Rows with a = 1 or p~ = 0 need no S (w = 0).
+        lam = (c / pt.clamp_min(1e-300)).clamp(max=LAMBDA_CAP).to(B.dtype)[:, None]
+        if _broken == "softmax_residual":
+            D = torch.softmax(B - lam * q, dim=-1)
+        else:
+            D = torch.addcmul(B, q, lam, value=-1.0).clamp_(min=0)  # max(B - lam q, 0) over all x
+        # on the top tokens Q = 0: replace max(B - lam q, 0) by B there
+        Dt = D.gather(1, ctok).to(f64)
+        S = pt * (D.sum(1).to(f64) + ((Bc - Dt) * is_top).sum(1))
         Z = 1.0 - pt + S
-        w = torch.where((a < 1) & (Z > 0), (1.0 - a) / Z.clamp_min(1e-300), torch.zeros_like(Z))  # S = 0 when p~ = 0
+        live = (a < 1) & (Z > 0)
+        w = torch.where(live, (1.0 - a) / Z.clamp_min(1e-300), torch.zeros_like(Z))  # S = 0 when p~ = 0
         # Eqs. 5-6 at the top children (Q = 0 there), Eq. 4 at the sampled child
-        pe = torch.where(is_top, pt[:, None] * Bc * w[:, None], torch.zeros_like(Bc))
+        pe = (pt * w)[:, None] * Bc * is_top
         pe.scatter_(1, last_col, a[:, None])
         pn = w * (1.0 - pt)  # Eq. 7
         # conditional normalisation in traversal (rank) order
-        before = torch.cumsum(pe, 1) - pe
-        den = 1.0 - before
+        den = 1.0 - (torch.cumsum(pe, 1) - pe)
         pt_child = torch.where(den > 0, pe / den.clamp_min(1e-300), torch.zeros_like(pe)).clamp(0.0, 1.0)
         den_res = 1.0 - pe.sum(1)
         thr = torch.where(pn > 0, 1.0 - pn / den_res.clamp_min(1e-300), torch.ones_like(pn)).clamp(0.0, 1.0)
-        vc = child_nodes[valid]
-        p_tilde[vc] = pt_child[valid]
-        p_edge[vc] = pe[valid]
-        p_not[nodes], weight[nodes], scale[nodes], thr_inner[nodes] = pn, w, c, thr
-        is_inner[nodes] = True
-    threshold = torch.where(is_inner, thr_inner, p_tilde)
+        p_tilde[lv.vc] = pt_child[lv.valid]
+        p_edge[lv.vc] = pe[lv.valid]
+        p_not[nodes], weight[nodes], scale[nodes], threshold[nodes] = pn, w, c, thr
+    threshold = torch.where(_leaf_mask(st), p_tilde, threshold)
     return Allocation(p_tilde, p_edge, p_not, weight, scale, threshold)
 
 
