@@ -52,40 +52,64 @@ def make_instance(tree, V: int, rule: str, device: str, seed: int):
     return tb.parents.to(device), tokens.to(device), target.to(device), draft.to(device)
 
 
-def _time(fn, reps: int, sync, warmup: bool = True) -> float:
-    if warmup:
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+def _once(fn, sync) -> float:
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e3
 
 
-def bench(quick: bool = False, devices=None):
+def bench(quick: bool = False, devices=None, trees=None, vocabs=None):
+    """Time every method on every (device, tree, V) row.
+
+    Methods are timed round-robin (one call of each method per round, ``reps`` rounds per coin
+    sequence) so that load changes on a shared machine hit all methods alike; each number is the
+    median over rounds, averaged over the coin sequences (1 quick, 4 otherwise).
+
+    Args:
+        trees: {name: tree choices} (default :data:`TREES`); vocabs: vocabulary sizes (default :data:`VOCABS`).
+
+    Returns:
+        One dict per row: ``{method}_kernel_ms`` / ``{method}_step_ms`` (milliseconds) and the
+        ratios ``univer_over_rrsw_kernel`` / ``univer_over_rrsw_step``.
+    """
+    trees = trees or TREES
     devices = devices or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-    reps = 2 if quick else 5
-    vocabs = VOCABS
+    reps = 3 if quick else 7
     rows = []
-    jobs = [(d, t, V) for d in devices for t in TREES for V in vocabs]
+    jobs = [(d, t, V) for d in devices for t in trees for V in (vocabs or VOCABS)]
     for device, tname, V in tqdm(jobs, desc="bench_verify"):
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         row = {"device": device, "tree": tname, "V": V}
         instances = {}  # one instance per drafting rule, shared by the methods of that rule
         for name in METHODS:
-            ver = get_verifier(name)
-            if ver.drafting not in instances:
-                instances[ver.drafting] = make_instance(TREES[tname], V, ver.drafting, device, seed=1000 + len(instances))
-            parents, tokens, target, draft = instances[ver.drafting]
-            ks, ss = [], []
-            for rep_seed in range(1 if quick else 4):  # several coin sequences: different paths
+            rule = get_verifier(name).drafting
+            if rule not in instances:
+                instances[rule] = make_instance(trees[tname], V, rule, device, seed=1000 + len(instances))
+        ks = {m: [] for m in METHODS}
+        ss = {m: [] for m in METHODS}
+        for rep_seed in range(1 if quick else 4):  # several coin sequences: different paths
+            calls = {}
+            for name in METHODS:
+                ver = get_verifier(name)
+                parents, tokens, target, draft = instances[ver.drafting]
                 gen = torch.Generator(device="cpu").manual_seed(rep_seed)
-                ks.append(_time(lambda: ver.verify(parents, tokens, target, draft, gen, check=False), reps, sync))
-                ss.append(_time(lambda: ver.verify(parents, tokens, target, draft, gen), reps, sync))
-            row[f"{name}_kernel_ms"] = statistics.mean(ks)
-            row[f"{name}_step_ms"] = statistics.mean(ss)
+                calls[name] = (
+                    lambda ver=ver, a=(parents, tokens, target, draft), g=gen: ver.verify(*a, g, check=False),
+                    lambda ver=ver, a=(parents, tokens, target, draft), g=gen: ver.verify(*a, g))
+                calls[name][0](), calls[name][1]()  # warm-up (caches, allocator)
+            kt = {m: [] for m in METHODS}
+            st = {m: [] for m in METHODS}
+            for _ in range(reps):
+                for name in METHODS:
+                    kt[name].append(_once(calls[name][0], sync))
+                    st[name].append(_once(calls[name][1], sync))
+            for name in METHODS:
+                ks[name].append(statistics.median(kt[name]))
+                ss[name].append(statistics.median(st[name]))
+        for name in METHODS:
+            row[f"{name}_kernel_ms"] = statistics.mean(ks[name])
+            row[f"{name}_step_ms"] = statistics.mean(ss[name])
         del instances
         row["univer_over_rrsw_kernel"] = row["univer_kernel_ms"] / row["rrsw_kernel_ms"]
         row["univer_over_rrsw_step"] = row["univer_step_ms"] / row["rrsw_step_ms"]
