@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
+from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
 from eagle.verify.rules import sample_with_uniform
 
@@ -81,8 +81,13 @@ class _Level:
     vc: torch.Tensor  # real child nodes, row-major ([valid.sum()])
 
 
-@lru_cache(maxsize=256)
 def _levels(st: TreeStructure) -> tuple:
+    return _levels_of(st.parents)
+
+
+@lru_cache(maxsize=256)
+def _levels_of(parents: tuple) -> tuple:
+    st = tree_structure(parents)
     out = []
     for nodes, child_nodes, m in st.inner_levels:
         k, mmax = child_nodes.shape
@@ -95,9 +100,13 @@ def _levels(st: TreeStructure) -> tuple:
     return tuple(out)
 
 
-@lru_cache(maxsize=256)
 def _leaf_mask(st: TreeStructure) -> torch.Tensor:
-    return torch.tensor([not ch for ch in st.children], dtype=torch.bool)
+    return _leaf_mask_of(st.parents)
+
+
+@lru_cache(maxsize=256)
+def _leaf_mask_of(parents: tuple) -> torch.Tensor:
+    return torch.tensor([not ch for ch in tree_structure(parents).children], dtype=torch.bool)
 
 
 def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
