@@ -29,6 +29,11 @@ Shard format (``shard_00000.safetensors``, sequences packed back to back, ``T`` 
 plus ``shard_00000.json`` (kind, prompt ids, token counts, seconds). A shard is written to a
 temporary name and renamed, so a killed run leaves only complete shards; a rerun skips them
 (resumable). Output is deterministic for a given ``--seed`` and arguments (batched CPU kernels).
+
+Parallel and incremental runs: ``--worker I/N`` builds only the plan shards whose index is I mod N,
+so N one-thread processes can fill one folder together; ``--exclude-gen-of DIR`` drops the prompts
+that DIR's plan answers with the target itself, so a second folder (another ``--seed``) adds new
+self-distilled prompts.
 """
 from __future__ import annotations
 

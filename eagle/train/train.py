@@ -1,6 +1,10 @@
 """Train an EAGLE-1 draft head on shards written by :mod:`eagle.train.data`.
 
-``python -m eagle.train.train --base BASE --data DIR --out OUT [...]``
+``python -m eagle.train.train --base BASE --data DIR[,DIR2...] --out OUT [--val-data DIR2] [--init HEAD] [...]``
+
+Several data folders train together; ``--val-data`` restricts the held-out sequences to some of
+them, and ``--init`` continues from an existing head (public EAGLE-1 layout) instead of a random
+one. With ``--init``, hold out a folder the initial head never trained on.
 
 Alignment (one sequence of tokens ``x_0..x_{L-1}`` with target features ``f_0..f_{L-1}``, where
 ``f_t`` is the target's last hidden state after its final norm having read ``x_0..x_t``, so
