@@ -267,3 +267,16 @@ def test_train_several_folders_val_data_and_init(tiny_base, tiny_inputs, tiny_da
     assert torch.allclose(w1.float(), w2.float(), atol=1e-3)
     with pytest.raises(ValueError, match="val-data"):
         T.main(common + ["--data", str(a), "--val-data", str(b), "--out", str(tmp_path / "h4"), "--max-steps", "1"])
+
+
+def test_data_exclude_gen_of_a_worker_folder(tiny_base, tiny_inputs, tmp_path):
+    """A folder filled by --worker runs (plan.workerI.json only) works with --exclude-gen-of; no plan -> error."""
+    prompts, sb = tiny_inputs
+    first = tmp_path / "w"
+    D.main(_data_args(tiny_base, first, prompts, sb) + ["--worker", "0/2", "--kinds", "x"])
+    assert not (first / "plan.json").exists() and (first / "plan.worker0.json").exists()
+    s = D.main(_data_args(tiny_base, tmp_path / "second", prompts, sb, seed=1)
+               + ["--exclude-gen-of", str(first), "--kinds", "x"])
+    assert s["dedupe"]["excluded_gen_of_earlier_run"] == 4
+    with pytest.raises(FileNotFoundError, match="no plan.json"):
+        D.main(_data_args(tiny_base, tmp_path / "third", prompts, sb) + ["--exclude-gen-of", str(tmp_path / "none")])

@@ -50,8 +50,10 @@ import torch
 __all__ = ["load_alpaca", "normalise", "dedupe_against_specbench", "plan_shards", "build_shard",
            "load_shards", "load_base", "main"]
 
-DEFAULT_PROMPTS = "/work/shared/prompts/alpaca_5000.json"
-DEFAULT_SPECBENCH = "/work/shared/specbench/question.jsonl"
+#: ``shared/`` next to the repository checkout (the team's data folder; pass --prompts / --specbench otherwise)
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+DEFAULT_PROMPTS = str(SHARED / "prompts" / "alpaca_5000.json")
+DEFAULT_SPECBENCH = str(SHARED / "specbench" / "question.jsonl")
 
 
 # ---------------------------------------------------------------------------------------- prompts
@@ -342,7 +344,10 @@ def main(argv: list[str] | None = None) -> dict:
     records = load_alpaca(args.prompts)
     kept, stats = dedupe_against_specbench(records, args.specbench, args.ngram)
     if args.exclude_gen_of:
-        with open(Path(args.exclude_gen_of) / "plan.json") as f:
+        plans = sorted(Path(args.exclude_gen_of).glob("plan*.json"))  # plan.json or plan.workerI.json
+        if not plans:
+            raise FileNotFoundError(f"--exclude-gen-of {args.exclude_gen_of}: no plan.json from eagle.train.data there")
+        with open(plans[0]) as f:
             other = json.load(f)["args"]
         earlier = [r for p in plan_shards(kept, other["n_gen"], 0, other["shard_size"], other["seed"])
                    for r in p["records"]]
