@@ -81,32 +81,21 @@ class _Level:
     vc: torch.Tensor  # real child nodes, row-major ([valid.sum()])
 
 
-def _levels(st: TreeStructure) -> tuple:
-    return _levels_of(st.parents)
-
-
 @lru_cache(maxsize=256)
-def _levels_of(parents: tuple) -> tuple:
+def _shape_of(parents: tuple) -> tuple[tuple, torch.Tensor]:
+    """Per tree shape (cached): the :class:`_Level` of every depth with inner nodes, and the leaf mask ``[N]``."""
     st = tree_structure(parents)
-    out = []
+    levels = []
     for nodes, child_nodes, m in st.inner_levels:
         k, mmax = child_nodes.shape
         valid = child_nodes >= 0
         col = torch.arange(mmax)
         consecutive = int(nodes[-1]) - int(nodes[0]) == k - 1
-        out.append(_Level(nodes=nodes, first=int(nodes[0]) if consecutive else -1, cnode=child_nodes.clamp(min=0),
-                          valid=valid, is_top=valid & (col[None, :] < (m - 1)[:, None]),
-                          last_col=(m - 1)[:, None], vc=child_nodes[valid]))
-    return tuple(out)
-
-
-def _leaf_mask(st: TreeStructure) -> torch.Tensor:
-    return _leaf_mask_of(st.parents)
-
-
-@lru_cache(maxsize=256)
-def _leaf_mask_of(parents: tuple) -> torch.Tensor:
-    return torch.tensor([not ch for ch in tree_structure(parents).children], dtype=torch.bool)
+        levels.append(_Level(nodes=nodes, first=int(nodes[0]) if consecutive else -1, cnode=child_nodes.clamp(min=0),
+                             valid=valid, is_top=valid & (col[None, :] < (m - 1)[:, None]),
+                             last_col=(m - 1)[:, None], vc=child_nodes[valid]))
+    leaves = torch.tensor([not ch for ch in st.children], dtype=torch.bool)
+    return tuple(levels), leaves
 
 
 def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -130,7 +119,8 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     weight = torch.zeros(n, dtype=f64)
     scale = torch.zeros(n, dtype=f64)
     threshold = torch.zeros(n, dtype=f64)
-    for lv in _levels(st):
+    levels, leaves = _shape_of(st.parents)
+    for lv in levels:
         nodes, is_top, last_col = lv.nodes, lv.is_top, lv.last_col
         ctok = tokens[lv.cnode]  # [k, mmax]
         if lv.first >= 0:
@@ -173,7 +163,7 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
         p_tilde[lv.vc] = pt_child[lv.valid]
         p_edge[lv.vc] = pe[lv.valid]
         p_not[nodes], weight[nodes], scale[nodes], threshold[nodes] = pn, w, c, thr
-    threshold = torch.where(_leaf_mask(st), p_tilde, threshold)
+    threshold = torch.where(leaves, p_tilde, threshold)
     return Allocation(p_tilde, p_edge, p_not, weight, scale, threshold)
 
 
