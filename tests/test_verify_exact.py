@@ -278,3 +278,18 @@ def test_tau_traversal_at_least_rrsw(shape):
     for regime in ("peaked", "close"):
         taus = _expected_taus(["traversal", "rrsw"], choices, "wor", Laws(4, regime, seed=31))
         assert taus["traversal"] >= taus["rrsw"] - 1e-12, (regime, taus)
+
+
+@pytest.mark.parametrize("k", [1, 9, 10, 25])
+def test_positive_part_sums_blocks_match_one_pass(k):
+    """The row-blocked dense part of UniVer's Eq. 3 equals the one-pass formula (V = 100000: 10 rows
+    per block, so k = 25 takes three blocks, one of them partial)."""
+    g = torch.Generator().manual_seed(k)
+    V = 100_000
+    B = torch.softmax(3 * torch.randn(k, V, generator=g), -1)
+    q = torch.softmax(3 * torch.randn(k, V, generator=g), -1)
+    lam = torch.rand(k, 1, generator=g) * 2
+    want = (B - lam * q).clamp(min=0).sum(1)
+    got = univer.positive_part_sums(B, q, lam)
+    assert got.shape == (k,) and got.dtype == B.dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)

@@ -108,14 +108,17 @@ def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
 
-def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> torch.Tensor | None:
+def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
     """Rows ``probs`` (``[k, V]``) belong to ``nodes`` (``[k]``): finite, >= 0, sum to 1.
 
-    Returns the row maxima ``[k]`` (one pass gives min and max), or None for no rows."""
+    Two row reductions: the sum and the minimum (NaN propagates through both; +inf makes the sum
+    inf, -inf the minimum). ``torch.amin`` rather than ``torch.aminmax(dim=-1)``: the latter is
+    ~20x slower on CPU (torch 2.13, measured in ``evaluation.bench_verify``'s setting).
+    """
     if probs.shape[0] == 0:
-        return None
+        return
     s = probs.sum(-1, dtype=torch.float32) if probs.dtype in (torch.float16, torch.bfloat16) else probs.sum(-1)
-    mn, mx = torch.aminmax(probs, dim=-1)
+    mn = probs.amin(-1)
     bad = ~torch.isfinite(s) | ~torch.isfinite(mn)
     if bool(bad.any()):
         raise ValueError(f"node {int(nodes[_first(bad)])}: {what} row contains NaN or inf")
@@ -125,7 +128,6 @@ def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> torch.Te
     if bool(off.any()):
         i = _first(off)
         raise ValueError(f"node {int(nodes[i])}: {what} row sums to {float(s[i]):.6g}, not 1 (tol {SUM_TOL})")
-    return mx
 
 
 def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
@@ -182,7 +184,7 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
     inner = torch.tensor([v for v in range(n) if st.children[v]], dtype=torch.long)
     if inner.numel() == 0:
         return st
-    draft_max = _check_rows(_rows(draft_probs, inner), inner, "draft_probs")  # [len(inner)]
+    _check_rows(_rows(draft_probs, inner), inner, "draft_probs")
     par = parents[1:].to(torch.long)
     tok = tokens.to(torch.long)
     q_child = draft_probs[par, tok[1:]]
@@ -203,15 +205,14 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             seen[k] = i
     if drafting == "wor":
         return st
-    pos = {v: i for i, v in enumerate(inner.tolist())}
     for nodes, child_nodes, m in st.inner_levels:
         ntop = m - 1 if drafting == "topk_residual" else m
         kmax = int(ntop.max())
         if kmax == 0:
             continue
         ctok = tok[child_nodes[:, :kmax].clamp(min=0)]  # [k, kmax]
-        if kmax == 1:  # one top child: it must hold the row maximum (already known: no extra pass)
-            row_max = draft_max[torch.tensor([pos[v] for v in nodes.tolist()])]
+        if kmax == 1:  # one top child: it must hold the row maximum
+            row_max = _rows(draft_probs, nodes).amax(-1)
             cval = draft_probs[nodes, ctok[:, 0]]
             bad_row = (ntop == 1) & (cval != row_max.to(cval.dtype))
         else:
