@@ -67,18 +67,19 @@ class _State:
         v = self.st.parents[u]
         t = self.tok[u]
         al = self.alpha[v]
-        P = self.P[v] / self.Pm[v] if v in self.P else self.target[v]
-        if v in self.Q:
-            Q = self.Q[v] / self.Qm[v] if self.Qm[v] > 0 else self.Q[v]
-        else:
-            Q = self.draft[v]
-        # max(alpha P - Q, 0) = alpha max(P - Q / alpha, 0): no subnormal products for tiny alpha
-        r = torch.add(P, Q, alpha=-min(1.0 / al, 1e30) if al > 0 else -1e30).clamp_(min=0)
-        S = al * float(r.sum())
+        # unnormalised rows and their masses: P = P_raw / Pm, Q = Q_raw / Qm. Then
+        # max(al P - Q, 0) = (al / Pm) max(P_raw - coef Q_raw, 0) with coef = Pm / (al Qm): one pass
+        # and no normalised copies (the cap avoids subnormal products for tiny alpha).
+        P_raw, Pm = (self.P[v], self.Pm[v]) if v in self.P else (self.target[v], 1.0)
+        Q_raw, Qm = (self.Q[v], self.Qm[v]) if v in self.Q else (self.draft[v], 1.0)
+        coef = min(Pm / (al * Qm), 1e30) if al > 0 and Qm > 0 else (1e30 if Qm > 0 else 0.0)
+        r = torch.add(P_raw, Q_raw, alpha=-coef).clamp_(min=0)
+        r_mass = float(r.sum())
+        S = al / Pm * r_mass
         if S > 0:
-            self.P[v], self.Pm[v] = r, float(r.sum())
+            self.P[v], self.Pm[v] = r, r_mass
         else:  # alpha(v) = 0 (v can no longer be accepted): keep the row, never sampled
-            self.P[v], self.Pm[v] = (self.P[v], self.Pm[v]) if v in self.P else (self.target[v], 1.0)
+            self.P[v], self.Pm[v] = P_raw, Pm
         if v not in self.Q:
             self.Q[v], self.Qm[v] = self.draft[v].clone(), 1.0
         self.Qm[v] -= float(self.Q[v][t])
