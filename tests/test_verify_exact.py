@@ -293,3 +293,30 @@ def test_positive_part_sums_blocks_match_one_pass(k):
     got = univer.positive_part_sums(B, q, lam)
     assert got.shape == (k,) and got.dtype == B.dtype
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("choices", [balanced(2, 3), UNBALANCED, balanced(3, 2)], ids=["2x3", "unbalanced", "3x2"])
+def test_outcome_law_does_not_depend_on_node_numbering(method, choices):
+    """The common tree form only asks parents[i] < i and siblings in rank order. Renumbering the
+    nodes depth-first (so a depth's nodes are no longer consecutive) must permute the exact
+    outcome law and change nothing else."""
+    rule, fn = METHODS[method]
+    laws = Laws(5, "peaked", seed=3)
+    parents, tokens, target, draft, _, _ = next(iter(enumerate_trees(choices, rule, laws)))
+    n = parents.numel()
+    children = [[] for _ in range(n)]
+    for i in range(1, n):
+        children[int(parents[i])].append(i)
+    order, stack = [], [0]  # pre-order, siblings in rank order
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        stack.extend(reversed(children[v]))
+    assert order != list(range(n)), "the renumbering must differ from the breadth-first one"
+    new_of = {old: new for new, old in enumerate(order)}
+    perm = torch.tensor(order)
+    parents2 = torch.tensor([-1] + [new_of[int(parents[old])] for old in order[1:]])
+    out = fn(parents, tokens, target, draft)
+    out2 = fn(parents2, tokens[perm], target[perm], draft[perm])
+    torch.testing.assert_close(out2, out[perm], rtol=0, atol=1e-12)

@@ -70,32 +70,60 @@ LAMBDA_CAP = 1e30
 
 @dataclass(frozen=True)
 class _Level:
-    """Structure-only tensors of one depth's inner nodes (computed once per tree shape)."""
+    """One depth's inner nodes: rows ``start:stop`` of the :class:`_Shape` arrays."""
 
+    start: int
+    stop: int
     nodes: torch.Tensor  # [k] inner nodes of this depth
     first: int  # nodes[0] when the nodes are consecutive (a row view), else -1
-    cnode: torch.Tensor  # [k, mmax] child nodes, padding -> 0
-    valid: torch.Tensor  # [k, mmax] bool: a real child
-    is_top: torch.Tensor  # [k, mmax] bool: one of the top-(m-1) children
-    last_col: torch.Tensor  # [k, 1] column of the sampled child u_m
-    vc: torch.Tensor  # real child nodes, row-major ([valid.sum()])
+    valid_flat: torch.Tensor  # positions of the real children in the flattened [k, mmax] block
+    vc: torch.Tensor  # the real child nodes, row-major
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Structure-only tensors of one tree shape (computed once, cached). Inner nodes are ordered
+    by depth (the order of :attr:`TreeStructure.inner_levels`), so every depth is a row slice."""
+
+    inner: torch.Tensor  # [I] inner nodes
+    inner_col: torch.Tensor  # [I, 1] the same, for 2-D indexing
+    cnode: torch.Tensor  # [I, mmax] child nodes, padding -> 0
+    is_top: torch.Tensor  # [I, mmax] float64: 1 on the top-(m-1) children
+    last_col: torch.Tensor  # [I, 1] column of the sampled child u_m
+    vc: torch.Tensor  # real child nodes, row-major
+    valid_flat: torch.Tensor  # their positions in the flattened [I, mmax]
+    levels: tuple  # of _Level
+    leaves: torch.Tensor  # [N] bool
 
 
 @lru_cache(maxsize=256)
-def _shape_of(parents: tuple) -> tuple[tuple, torch.Tensor]:
-    """Per tree shape (cached): the :class:`_Level` of every depth with inner nodes, and the leaf mask ``[N]``."""
+def _shape_of(parents: tuple) -> _Shape:
+    """The :class:`_Shape` of a parents tuple (cached per tree shape)."""
     st = tree_structure(parents)
-    levels = []
+    mmax = max((cn.shape[1] for _, cn, _ in st.inner_levels), default=1)
+    nodes_l, cn_l, m_l, levels = [], [], [], []
+    start = 0
     for nodes, child_nodes, m in st.inner_levels:
-        k, mmax = child_nodes.shape
-        valid = child_nodes >= 0
-        col = torch.arange(mmax)
+        k = nodes.numel()
+        cn = torch.full((k, mmax), -1, dtype=torch.long)
+        cn[:, : child_nodes.shape[1]] = child_nodes
+        valid = cn >= 0
         consecutive = int(nodes[-1]) - int(nodes[0]) == k - 1
-        levels.append(_Level(nodes=nodes, first=int(nodes[0]) if consecutive else -1, cnode=child_nodes.clamp(min=0),
-                             valid=valid, is_top=valid & (col[None, :] < (m - 1)[:, None]),
-                             last_col=(m - 1)[:, None], vc=child_nodes[valid]))
-    leaves = torch.tensor([not ch for ch in st.children], dtype=torch.bool)
-    return tuple(levels), leaves
+        levels.append(_Level(start=start, stop=start + k, nodes=nodes, first=int(nodes[0]) if consecutive else -1,
+                             valid_flat=valid.flatten().nonzero().flatten(), vc=cn[valid]))
+        nodes_l.append(nodes), cn_l.append(cn), m_l.append(m)
+        start += k
+    if not levels:
+        empty = torch.zeros(0, dtype=torch.long)
+        inner, cn, m = empty, torch.zeros(0, 1, dtype=torch.long), empty
+    else:
+        inner, cn, m = torch.cat(nodes_l), torch.cat(cn_l), torch.cat(m_l)
+    valid = cn >= 0
+    col = torch.arange(cn.shape[1])
+    return _Shape(inner=inner, inner_col=inner[:, None], cnode=cn.clamp(min=0),
+                  is_top=(valid & (col[None, :] < (m - 1)[:, None])).double(), last_col=(m - 1)[:, None],
+                  vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels),
+                  leaves=torch.tensor([not ch for ch in st.children], dtype=torch.bool))
 
 
 #: elements of the scratch block in :func:`positive_part_sums` (4 MiB in float32: stays in cache)
@@ -141,59 +169,69 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     """
     n = st.num_nodes
     f64 = torch.float64
+    sh = _shape_of(st.parents)
     p_tilde = torch.zeros(n, dtype=f64)
     p_tilde[0] = 1.0
     p_edge = torch.zeros(n, dtype=f64)
     p_not = torch.zeros(n, dtype=f64)
     weight = torch.zeros(n, dtype=f64)
     scale = torch.zeros(n, dtype=f64)
-    threshold = torch.zeros(n, dtype=f64)
-    levels, leaves = _shape_of(st.parents)
-    for lv in levels:
-        nodes, is_top, last_col = lv.nodes, lv.is_top, lv.last_col
-        ctok = tokens[lv.cnode]  # [k, mmax]
-        if lv.first >= 0:
-            B = target_probs.narrow(0, lv.first, nodes.numel())  # [k, V]
-            q = draft_probs.narrow(0, lv.first, nodes.numel())
-        else:
-            B, q = target_probs.index_select(0, nodes), draft_probs.index_select(0, nodes)
-        Bc_raw, qc_raw = B.gather(1, ctok), q.gather(1, ctok)  # B, q at the children [k, mmax]
-        Bc, qc = Bc_raw.to(f64), qc_raw.to(f64)
-        top_mass = (qc * is_top).sum(1)
-        c = 1.0 / (1.0 - top_mass).clamp_min(1e-300)  # Q = c q off the top tokens (top_mass < 1: validated)
-        pt = p_tilde[nodes]  # p~(v) [k]
-        B_last = Bc.gather(1, last_col).squeeze(1)
-        Q_last = c * qc.gather(1, last_col).squeeze(1)  # > 0: a child has nonzero draft probability
+    if not sh.levels:
+        return Allocation(p_tilde, p_edge, p_not, weight, scale, p_tilde.clone())
+    # everything that does not depend on p~, for all inner nodes at once
+    ctok = tokens[sh.cnode]  # [I, mmax] children tokens
+    Bc_raw, qc_raw = target_probs[sh.inner_col, ctok], draft_probs[sh.inner_col, ctok]  # B, q at the children
+    Bc, qc = Bc_raw.to(f64), qc_raw.to(f64)
+    c = 1.0 / (1.0 - (qc * sh.is_top).sum(1)).clamp_min(1e-300)  # Q = c q off the top tokens (top mass < 1: validated)
+    B_last = Bc.gather(1, sh.last_col).squeeze(1)
+    Q_last = (c * qc.gather(1, sh.last_col).squeeze(1)).clamp_min(1e-300)  # > 0: children have draft mass
+    Bc_top = Bc * sh.is_top
+    is_top = sh.is_top.to(target_probs.dtype)
+    inner_pt = torch.empty_like(c)  # p~ of the inner nodes
+    inner_w = torch.empty_like(c)  # (1 - p_v(u_m)) / Z
+    inner_pe = torch.empty_like(Bc)  # p_v at the children slots
+    for lv in sh.levels:
+        r = slice(lv.start, lv.stop)
+        k = lv.stop - lv.start
+        pt = p_tilde.narrow(0, lv.first, k) if lv.first >= 0 else p_tilde.index_select(0, lv.nodes)  # p~(v) [k]
         # Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
-        a = (pt * B_last / Q_last.clamp_min(1e-300)).clamp(max=1.0)
+        a = (pt * B_last[r] / Q_last[r]).clamp_(max=1.0)
         # Eq. 3: Z = 1 - p~ + S, S = sum_x max(p~ B(x) - Q(x), 0) = p~ sum_x max(B - lam q, 0) with
         # lam = c / p~ (capped: products like p~ B would be subnormal floats for tiny p~, 10-100x
-        # slower on CPU; the cap changes S by < 1e-30). Rows with a = 1 or p~ = 0 need no S (w = 0).
-        lam = (c / pt.clamp_min(1e-300)).clamp(max=LAMBDA_CAP).to(B.dtype)[:, None]
+        # slower on CPU; the cap changes S by < 1e-30). Rows with a = 1 or p~ = 0 get w = 0.
+        lam = (c[r] / pt.clamp_min(1e-300)).clamp_(max=LAMBDA_CAP).to(target_probs.dtype).unsqueeze(1)
+        if lv.first >= 0:
+            B, q = target_probs.narrow(0, lv.first, k), draft_probs.narrow(0, lv.first, k)  # [k, V]
+        else:
+            B, q = target_probs.index_select(0, lv.nodes), draft_probs.index_select(0, lv.nodes)
         if _broken == "softmax_residual":
             D = torch.softmax(B - lam * q, dim=-1)
-            dense, Dt = D.sum(1), D.gather(1, ctok)
+            dense, Dt = D.sum(1), D.gather(1, ctok[r])
         else:
             dense = positive_part_sums(B, q, lam)  # sum_x max(B - lam q, 0) over all x
-            Dt = torch.addcmul(Bc_raw, qc_raw, lam, value=-1.0).clamp_(min=0)
-        # on the top tokens Q = 0: replace max(B - lam q, 0) by B there
-        S = pt * (dense.to(f64) + ((Bc - Dt.to(f64)) * is_top).sum(1))
+            Dt = torch.addcmul(Bc_raw[r], qc_raw[r], lam, value=-1.0).clamp_(min=0)
+        # on the top tokens Q = 0: max(B - lam q, 0) is replaced by B there
+        S = pt * (dense.to(f64) + Bc_top[r].sum(1) - (Dt * is_top[r]).sum(1).to(f64))
         Z = 1.0 - pt + S
-        live = (a < 1) & (Z > 0)
-        w = torch.where(live, (1.0 - a) / Z.clamp_min(1e-300), torch.zeros_like(Z))  # S = 0 when p~ = 0
+        w = torch.where((a < 1) & (Z > 0), (1.0 - a) / Z.clamp_min(1e-300), 0.0)  # S = 0 when p~ = 0
         # Eqs. 5-6 at the top children (Q = 0 there), Eq. 4 at the sampled child
-        pe = (pt * w)[:, None] * Bc * is_top
-        pe.scatter_(1, last_col, a[:, None])
-        pn = w * (1.0 - pt)  # Eq. 7
+        pe = (pt * w).unsqueeze(1) * Bc_top[r]
+        pe.scatter_(1, sh.last_col[r], a.unsqueeze(1))
         # conditional normalisation in traversal (rank) order
         den = 1.0 - (torch.cumsum(pe, 1) - pe)
-        pt_child = torch.where(den > 0, pe / den.clamp_min(1e-300), torch.zeros_like(pe)).clamp(0.0, 1.0)
-        den_res = 1.0 - pe.sum(1)
-        thr = torch.where(pn > 0, 1.0 - pn / den_res.clamp_min(1e-300), torch.ones_like(pn)).clamp(0.0, 1.0)
-        p_tilde[lv.vc] = pt_child[lv.valid]
-        p_edge[lv.vc] = pe[lv.valid]
-        p_not[nodes], weight[nodes], scale[nodes], threshold[nodes] = pn, w, c, thr
-    threshold = torch.where(leaves, p_tilde, threshold)
+        pt_child = torch.where(den > 0, pe / den.clamp_min(1e-300), 0.0).clamp_(0.0, 1.0)
+        p_tilde.index_copy_(0, lv.vc, pt_child.view(-1).index_select(0, lv.valid_flat))
+        inner_pt[r], inner_w[r], inner_pe[r] = pt, w, pe
+    # what no later depth needs, for all inner nodes at once
+    pn = inner_w * (1.0 - inner_pt)  # Eq. 7
+    den_res = 1.0 - inner_pe.sum(1)
+    thr = torch.where(pn > 0, 1.0 - pn / den_res.clamp_min(1e-300), 1.0).clamp_(0.0, 1.0)
+    p_edge.index_copy_(0, sh.vc, inner_pe.view(-1).index_select(0, sh.valid_flat))
+    p_not.index_copy_(0, sh.inner, pn)
+    weight.index_copy_(0, sh.inner, inner_w)
+    scale.index_copy_(0, sh.inner, c)
+    threshold = p_tilde.clone()  # p~ at leaves
+    threshold.index_copy_(0, sh.inner, thr)
     return Allocation(p_tilde, p_edge, p_not, weight, scale, threshold)
 
 
