@@ -130,7 +130,7 @@ def format_table(rows) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (well under a minute on 2 cores)")
     ap.add_argument("--out", default="runs/bench_verify.json", help="JSON output path")
     ap.add_argument("--device", action="append", help="cpu and/or cuda (default: cpu, plus cuda if available)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = leave torch's default)")
