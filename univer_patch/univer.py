@@ -31,7 +31,7 @@ Z before it stops, because the top-(m-1) subtrees (small p~) come first in post-
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 import torch
@@ -93,12 +93,20 @@ class _Shape:
     vc: torch.Tensor  # real child nodes, row-major
     valid_flat: torch.Tensor  # their positions in the flattened [I, mmax]
     levels: tuple  # of _Level
-    leaves: torch.Tensor  # [N] bool
+
+
+def _moved(obj, device: str):
+    """A copy of a frozen dataclass with every tensor field on ``device``."""
+    return replace(obj, **{f.name: getattr(obj, f.name).to(device) for f in fields(obj)
+                           if isinstance(getattr(obj, f.name), torch.Tensor)})
 
 
 @lru_cache(maxsize=256)
-def _shape_of(parents: tuple) -> _Shape:
-    """The :class:`_Shape` of a parents tuple (cached per tree shape)."""
+def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
+    """The :class:`_Shape` of a parents tuple on ``device`` (cached per tree shape and device)."""
+    if device != "cpu":
+        sh = _shape_of(parents)
+        return replace(_moved(sh, device), levels=tuple(_moved(lv, device) for lv in sh.levels))
     st = tree_structure(parents)
     mmax = max((cn.shape[1] for _, cn, _ in st.inner_levels), default=1)
     nodes_l, cn_l, m_l, levels = [], [], [], []
@@ -122,8 +130,7 @@ def _shape_of(parents: tuple) -> _Shape:
     col = torch.arange(cn.shape[1])
     return _Shape(inner=inner, inner_col=inner[:, None], cnode=cn.clamp(min=0),
                   is_top=(valid & (col[None, :] < (m - 1)[:, None])).double(), last_col=(m - 1)[:, None],
-                  vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels),
-                  leaves=torch.tensor([not ch for ch in st.children], dtype=torch.bool))
+                  vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels))
 
 
 #: elements of the scratch block in :func:`positive_part_sums` (4 MiB in float32: stays in cache)
@@ -169,13 +176,15 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     """
     n = st.num_nodes
     f64 = torch.float64
-    sh = _shape_of(st.parents)
-    p_tilde = torch.zeros(n, dtype=f64)
+    dev = target_probs.device
+    sh = _shape_of(st.parents, str(dev))
+    tokens = tokens.to(dev)
+    p_tilde = torch.zeros(n, dtype=f64, device=dev)
     p_tilde[0] = 1.0
-    p_edge = torch.zeros(n, dtype=f64)
-    p_not = torch.zeros(n, dtype=f64)
-    weight = torch.zeros(n, dtype=f64)
-    scale = torch.zeros(n, dtype=f64)
+    p_edge = torch.zeros(n, dtype=f64, device=dev)
+    p_not = torch.zeros(n, dtype=f64, device=dev)
+    weight = torch.zeros(n, dtype=f64, device=dev)
+    scale = torch.zeros(n, dtype=f64, device=dev)
     if not sh.levels:
         return Allocation(p_tilde, p_edge, p_not, weight, scale, p_tilde.clone())
     # everything that does not depend on p~, for all inner nodes at once
@@ -263,9 +272,9 @@ def decide(st: TreeStructure, threshold: torch.Tensor, eta: torch.Tensor) -> int
 
     Args:
         threshold: float ``[N]`` (p~ at leaves, p~res at inner nodes; 1 at the root).
-        eta: float ``[N]`` uniforms in [0, 1).
+        eta: float ``[N]`` uniforms in [0, 1) (on the host; ``threshold`` is brought there: one sync).
     """
-    passed = (eta < threshold)[st.postorder_t]
+    passed = (eta < threshold.to(eta.device))[st.postorder_t]
     k = int(torch.argmax(passed.to(torch.uint8)))  # first True; the root (last) always passes
     return st.postorder[k] if bool(passed[k]) else 0
 
@@ -317,7 +326,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     thr_all = alloc.threshold
     if _broken == "inner_ptilde":
         thr_all = alloc.p_tilde
-    thr = thr_all[st.postorder_t]
+    thr = thr_all.cpu()[st.postorder_t]
     fail_before = torch.cumprod(torch.cat([torch.ones(1, dtype=thr.dtype), 1.0 - thr[:-1]]), 0)
     p_node = torch.zeros(st.num_nodes, dtype=torch.float64)
     p_node[st.postorder_t] = thr * fail_before

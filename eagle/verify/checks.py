@@ -101,7 +101,7 @@ def _rows(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     k = nodes.numel()
     if k and int(nodes[-1]) - int(nodes[0]) == k - 1:
         return x.narrow(0, int(nodes[0]), k)
-    return x.index_select(0, nodes)
+    return x.index_select(0, nodes.to(x.device))
 
 
 def _first(mask: torch.Tensor) -> int:
@@ -185,8 +185,9 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
     if inner.numel() == 0:
         return st
     _check_rows(_rows(draft_probs, inner), inner, "draft_probs")
-    par = parents[1:].to(torch.long)
-    tok = tokens.to(torch.long)
+    dev = draft_probs.device  # structure tensors are built on the host; move what meets the laws
+    par = parents[1:].to(dev, torch.long)
+    tok = tokens.to(dev, torch.long)
     q_child = draft_probs[par, tok[1:]]
     zero = q_child <= 0
     if bool(zero.any()):
@@ -210,23 +211,24 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
         kmax = int(ntop.max())
         if kmax == 0:
             continue
-        ctok = tok[child_nodes[:, :kmax].clamp(min=0)]  # [k, kmax]
+        ctok = tok[child_nodes[:, :kmax].clamp(min=0).to(dev)]  # [k, kmax]
+        nodes_d, ntop_d = nodes.to(dev), ntop.to(dev)
         if kmax == 1:  # one top child: it must hold the row maximum
             row_max = _rows(draft_probs, nodes).amax(-1)
-            cval = draft_probs[nodes, ctok[:, 0]]
-            bad_row = (ntop == 1) & (cval != row_max.to(cval.dtype))
+            cval = draft_probs[nodes_d, ctok[:, 0]]
+            bad_row = (ntop_d == 1) & (cval != row_max.to(cval.dtype))
         else:
             # the ntop children are ntop most probable tokens iff no other token has a probability
             # above their minimum: the row maximum with those children masked out (a copy, a
             # scatter and one float reduction: ~8x cheaper on CPU than counting with a bool mask)
             q = _rows(draft_probs, nodes)  # [k, V]
-            cols = torch.arange(kmax)
-            use = cols[None, :] < ntop[:, None]  # [k, kmax]
+            cols = torch.arange(kmax, device=dev)
+            use = cols[None, :] < ntop_d[:, None]  # [k, kmax]
             cvals = q.gather(1, ctok)
             lowest = torch.where(use, cvals, torch.full_like(cvals, float("inf"))).amin(1)  # [k]
             masked = torch.where(use, ctok, ctok[:, :1])  # unused slots repeat the first child
             rest_max = q.clone().scatter_(1, masked, float("-inf")).amax(1)
-            bad_row = (ntop > 0) & (rest_max > lowest)
+            bad_row = (ntop_d > 0) & (rest_max > lowest)
         if bool(bad_row.any()):
             r = _first(bad_row)
             v = int(nodes[r])
