@@ -15,15 +15,15 @@ import torch
 
 from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import sample_with_uniform
+from eagle.verify.rules import remaining_mass, sample_with_uniform
 
 __all__ = ["verify", "outcome_probs", "greedy_kernel", "single_step_plan"]
 
 
 def _residual_parts(B: torch.Tensor, q: torch.Tensor, top_tokens: list[int], last_token: int):
     """Q = M_s^neg scale c, acceptance a_m and the unnormalised residual r = max(B - Q, 0)."""
-    top_mass = float(q[top_tokens].sum()) if top_tokens else 0.0
-    c = 1.0 / (1.0 - top_mass) if top_mass < 1.0 else 0.0
+    rest = remaining_mass(q, top_tokens)  # summed directly: 1 - q(top) cancels for a confident draft
+    c = 1.0 / rest if rest > 0 else 0.0
     Q_last = c * float(q[last_token])
     a = min(1.0, float(B[last_token]) / Q_last) if Q_last > 0 else 0.0
     return c, a

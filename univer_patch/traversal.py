@@ -81,9 +81,9 @@ class _State:
         else:  # alpha(v) = 0 (v can no longer be accepted): keep the row, never sampled
             self.P[v], self.Pm[v] = P_raw, Pm
         if v not in self.Q:
-            self.Q[v], self.Qm[v] = self.draft[v].clone(), 1.0
-        self.Qm[v] -= float(self.Q[v][t])
+            self.Q[v] = self.draft[v].clone()
         self.Q[v][t] = 0.0
+        self.Qm[v] = float(self.Q[v].sum())  # summed directly: subtracting q(t) cancels for a confident draft
         if self.broken != "no_alpha_update":
             self.alpha[v] = S / (S + 1.0 - al) if S + 1.0 - al > 0 else 0.0
         self.remaining[v].remove(u)

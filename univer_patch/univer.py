@@ -2,7 +2,7 @@
 
 Children by ``topk_residual``. Notation of the paper, at node v with p~ = p~(v), B = M_b(.|v),
 Q = M_s^neg(.|v) (the draft law off the top-(m-1) children, renormalised: Q = c q there, c =
-1 / (1 - q(top)), Q = 0 on the top tokens) and sampled child u_m:
+1 / (the draft mass off the top tokens, summed directly), Q = 0 on the top tokens) and sampled child u_m:
 
 - Eq. 3: Z = 1 - p~ + sum_x max(p~ B(x) - Q(x), 0)
 - Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
@@ -38,7 +38,7 @@ import torch
 
 from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import sample_with_uniform
+from eagle.verify.rules import BLOCK_ELEMENTS, remaining_masses, sample_with_uniform
 
 __all__ = ["Allocation", "allocate", "positive_part_sums", "decide", "univer_kernel", "allocation_row", "verify", "outcome_probs"]
 
@@ -52,7 +52,7 @@ class Allocation:
         p_edge: p_v(u) of node u at its parent (Eqs. 4-6); 0 at the root.
         p_not: p_v(not v) (Eq. 7); 0 at leaves.
         weight: (1 - p_v(u_m)) / Z of each inner node (0 where p_v(u_m) = 1); 0 at leaves.
-        scale: c = 1 / (1 - q(top-(m-1))) of each inner node (Q = c q off the top tokens).
+        scale: c = 1 / (draft mass off the top-(m-1) tokens) of each inner node (Q = c q off them).
         threshold: p~(v) at leaves, p~res(v) at inner nodes.
     """
 
@@ -133,10 +133,6 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
                   vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels))
 
 
-#: elements of the scratch block in :func:`positive_part_sums` (4 MiB in float32: stays in cache)
-BLOCK_ELEMENTS = 1 << 20
-
-
 def positive_part_sums(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """Row sums of max(B - lam q, 0): the dense part of UniVer's Eq. 3.
 
@@ -191,7 +187,8 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     ctok = tokens[sh.cnode]  # [I, mmax] children tokens
     Bc_raw, qc_raw = target_probs[sh.inner_col, ctok], draft_probs[sh.inner_col, ctok]  # B, q at the children
     Bc, qc = Bc_raw.to(f64), qc_raw.to(f64)
-    c = 1.0 / (1.0 - (qc * sh.is_top).sum(1)).clamp_min(1e-300)  # Q = c q off the top tokens (top mass < 1: validated)
+    # Q = c q off the top tokens, c = 1 / (the draft mass off them), summed directly (no cancellation)
+    c = 1.0 / remaining_masses(draft_probs, ctok, sh.is_top > 0, rows=sh.inner).clamp_min(1e-300)
     B_last = Bc.gather(1, sh.last_col).squeeze(1)
     Q_last = (c * qc.gather(1, sh.last_col).squeeze(1)).clamp_min(1e-300)  # > 0: children have draft mass
     Bc_top = Bc * sh.is_top

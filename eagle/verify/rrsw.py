@@ -14,7 +14,7 @@ import torch
 
 from .checks import TreeStructure, check_tree_inputs, structure_of
 from .registry import Verifier, register_verifier
-from .rules import sample_with_uniform
+from .rules import remaining_mass, sample_with_uniform
 
 __all__ = ["verify", "outcome_probs", "rrsw_kernel"]
 
@@ -43,6 +43,7 @@ def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Ten
         ctok = [tok[c] for c in ch]
         q_child = q[ctok].tolist()
         p_mass, q_mass = 1.0, 1.0
+        removed: list[int] = []
         moved = False
         for c, t, qt_raw in zip(ch, ctok, q_child):
             qt = qt_raw / q_mass if q_mass > 0 else 0.0
@@ -57,7 +58,8 @@ def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Ten
             s = float(r.sum())
             if s > 0:  # s = 0 has probability 0 (a < 1 implies p(t) < q(t)); keep p then
                 p, p_mass = r, s
-            q_mass -= qt_raw
+            removed.append(t)
+            q_mass = remaining_mass(q, removed)  # summed directly: q_mass - q(t) cancels for a confident draft
         if not moved:
             return v, sample_with_uniform(p, u[v][1])
 

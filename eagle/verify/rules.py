@@ -18,7 +18,11 @@ import torch
 
 from .registry import DRAFTING_RULES
 
-__all__ = ["draw_children", "stable_topk", "residual_draft", "children_law", "sample_with_uniform"]
+__all__ = ["draw_children", "stable_topk", "residual_draft", "remaining_mass", "remaining_masses", "children_law",
+           "sample_with_uniform"]
+
+#: elements per row block of the batched passes (4 MiB in float32: stays in cache on CPU)
+BLOCK_ELEMENTS = 1 << 20
 
 
 def stable_topk(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +54,47 @@ def residual_draft(q: torch.Tensor, top_tokens: torch.Tensor) -> torch.Tensor:
         r.scatter_(-1, top_tokens.clamp(min=0), torch.where(valid, 0.0, r.gather(-1, top_tokens.clamp(min=0))))
     s = r.sum(-1, keepdim=True)
     return torch.where(s > 0, r / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(r))
+
+
+def remaining_mass(q: torch.Tensor, removed) -> float:
+    """Mass of the row ``q`` (``[V]``) outside the tokens ``removed`` (ints or a LongTensor).
+
+    Summed over the remaining entries themselves, never as ``1 - q(removed)`` or
+    ``sum(q) - q(removed)``: rows sum to 1 only within :data:`~eagle.verify.checks.SUM_TOL`, and
+    when the removed tokens hold nearly all the mass either shortcut cancels catastrophically
+    (a draft row 0.99995 / 0.00005 summing to 1.00002 gives 0.00003 instead of 0.00005).
+    """
+    idx = removed if isinstance(removed, torch.Tensor) else torch.tensor(list(removed), dtype=torch.long)
+    if idx.numel() == 0:
+        return float(q.sum())
+    return float(q.index_fill(0, idx.to(q.device), 0).sum())
+
+
+def remaining_masses(q: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Batched :func:`remaining_mass`: row ``i`` without the tokens ``tokens[i, j]`` where ``remove[i, j]``.
+
+    Args:
+        q: float ``[n, V]``; tokens: LongTensor ``[k, r]`` in ``[0, V)``; remove: bool ``[k, r]``;
+        rows: LongTensor ``[k]`` of the rows of ``q`` meant (default: all ``n = k`` rows in order).
+
+    Returns:
+        float64 ``[k]``. On CPU the rows go through a cache-sized scratch block (with one spare
+        column that absorbs the slots not removed), so no ``[k, V]`` temporary is made.
+    """
+    V = q.shape[1]
+    k = tokens.shape[0]
+    idx = torch.where(remove, tokens, V)  # slots not removed write their zero into column V
+    per = max(k, 1) if q.device.type != "cpu" else max(1, BLOCK_ELEMENTS // (V + 1))  # rows per block
+    out = torch.empty(k, dtype=torch.float64, device=q.device)
+    buf = torch.empty(min(per, max(k, 1)), V + 1, dtype=q.dtype, device=q.device)
+    for r0 in range(0, k, per):
+        r1 = min(k, r0 + per)
+        blk = buf[: r1 - r0]
+        blk[:, :V].copy_(q[r0:r1] if rows is None else q.index_select(0, rows[r0:r1]))
+        blk.scatter_(1, idx[r0:r1], 0.0)
+        out[r0:r1] = blk[:, :V].sum(1).to(torch.float64)
+    return out
 
 
 def _race(q: torch.Tensor, k: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
