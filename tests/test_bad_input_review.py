@@ -12,7 +12,7 @@ import torch
 import univer_patch
 from eagle.sampling import SamplingConfig, logits_to_probs
 from eagle.testing import tiny_ea_model
-from eagle.verify.checks import check_tree_inputs
+from eagle.verify.checks import check_tree_inputs, sum_tolerance
 from evaluation.questions import load_questions
 
 METHODS = ["rrsw", "traversal", "greedy", "univer"]
@@ -132,11 +132,18 @@ def test_univer_accepts_small_int_dtypes():
 
 
 def test_fp16_row_sum_checked_at_documented_tolerance():
-    row = torch.tensor([0.25, 0.25, 0.25, 0.2503], dtype=torch.float16)  # exact sum 1.000244
-    assert abs(float(row.double().sum()) - 1) > 2e-4
-    T = torch.stack([row, row])
+    """float16 rows are summed in float32 and checked at float16's tolerance (its epsilon, 9.8e-4)."""
+    assert sum_tolerance(torch.float16) == pytest.approx(9.765625e-4)
+    off = torch.tensor([0.25, 0.25, 0.25, 0.2515], dtype=torch.float16)  # exact sum 1.0015
+    assert abs(float(off.double().sum()) - 1) > 1e-3
+    T = torch.stack([off, off])
     with pytest.raises(ValueError, match="sums to"):
         check_tree_inputs(torch.tensor([-1, 0]), torch.tensor([0, 1]), T, T.clone())
+    near = torch.tensor([0.25, 0.25, 0.25, 0.2503], dtype=torch.float16)  # exact sum 1.000244: fp16 rounding
+    check_tree_inputs(torch.tensor([-1, 0]), torch.tensor([0, 1]), torch.stack([near, near]), torch.stack([near, near]))
+    # 4096 entries of 1/4096: a float16 accumulator would stall at 2048 * 2^-12 = 0.5; float32 gives 1
+    flat = torch.full((2, 4096), 1 / 4096, dtype=torch.float16)
+    check_tree_inputs(torch.tensor([-1, 0]), torch.tensor([0, 1]), flat, flat.clone())
 
 
 def _write(tmp_path, objs_or_lines):

@@ -32,3 +32,13 @@ def test_positive_part_sums_on_another_device_is_one_pass():
     B = torch.empty(300, 50_000, device="meta")
     out = univer.positive_part_sums(B, B, torch.empty(300, 1, device="meta"))
     assert out.device.type == "meta" and out.shape == (300,)
+
+
+@pytest.mark.parametrize("method", ["rrsw", "traversal", "greedy", "univer"])
+def test_laws_without_values_or_on_two_devices_are_refused(method):
+    rule = univer_patch.get_verifier(method).drafting
+    parents, tokens, target, draft = make_instance("2x5", 20, rule, "cpu", seed=0)
+    with pytest.raises(ValueError, match="meta device"):
+        univer_patch.verify(method, parents, tokens, target.to("meta"), draft.to("meta"))
+    with pytest.raises(ValueError, match="one device"):
+        univer_patch.outcome_probs(method, parents, tokens, target, draft.to("meta"))

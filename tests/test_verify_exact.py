@@ -19,6 +19,7 @@ import univer_patch  # noqa: F401  (registers the verifiers)
 from eagle.tree import balanced, build_tree
 from eagle.verify import get_verifier
 from eagle.verify import rrsw
+from eagle.verify.checks import check_tree_inputs
 from eagle.verify.rules import children_law
 from univer_patch import block, greedy, traversal, univer
 
@@ -223,7 +224,7 @@ def test_univer_root_plan_is_greedy_plan():
         tokens = torch.tensor([0] + ctok)
         target = torch.stack([B] + [_rand_law(g, V, 1.0) for _ in range(m)])
         draft = torch.stack([q] + [_rand_law(g, V, 1.0) for _ in range(m)])
-        st = univer.check_tree_inputs(parents, tokens, target, draft, "topk_residual")
+        st = check_tree_inputs(parents, tokens, target, draft, "topk_residual")
         alloc = univer.allocate(st, tokens, target, draft)
         row = univer.allocation_row(alloc, st, tokens, target, draft, 0, children_zeroed=False)
         plan = greedy.single_step_plan(B, q, ctok)

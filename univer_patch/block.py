@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle.verify.checks import check_tree_inputs, structure_of
+from eagle.verify.checks import prepare_step
 
 __all__ = ["outcome_probs", "prefix_weights"]
 
@@ -32,7 +32,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     Raises:
         ValueError: if the tree is not a chain (``parents[i] != i - 1``) or inputs are invalid.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     if any(st.parents[i] != i - 1 for i in range(1, st.num_nodes)):
         raise ValueError("Block Verification needs a chain: parents[i] == i - 1 for every node i > 0")
     K = st.num_nodes - 1

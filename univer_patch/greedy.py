@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
+from eagle.verify.checks import TreeStructure, prepare_step
 from eagle.verify.registry import Verifier, register_verifier
 from eagle.verify.rules import remaining_mass, sample_with_uniform
 
@@ -94,7 +94,7 @@ def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tens
 
     Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
     uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
     return greedy_kernel(st, tokens, target_probs, draft_probs, uniforms)
 
@@ -106,7 +106,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     ``_broken`` (test-only negative control): ``"full_draft"`` accepts u_m against the full draft
     law M_s instead of the residual M_s^neg (not lossless).
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
     tok = tokens.tolist()
     out = torch.zeros_like(target_probs)
     reach = [0.0] * st.num_nodes

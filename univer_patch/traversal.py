@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of
+from eagle.verify.checks import TreeStructure, prepare_step
 from eagle.verify.registry import Verifier, register_verifier
 from eagle.verify.rules import sample_with_uniform
 
@@ -120,7 +120,7 @@ def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tens
 
     Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
     return traversal_kernel(st, tokens, target_probs, draft_probs, uniforms)
 
@@ -134,7 +134,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     ``_broken`` (test-only negative control): ``"no_alpha_update"`` keeps alpha(v) after a child's
     rejection (not lossless).
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     out = torch.zeros_like(target_probs)
     s = _State(st, tokens.tolist(), target_probs, draft_probs, _broken)
     mass = 1.0

@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-from eagle.verify.checks import TreeStructure, check_tree_inputs, structure_of, tree_structure
+from eagle.verify.checks import TreeStructure, prepare_step, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
 from eagle.verify.rules import BLOCK_ELEMENTS, remaining_masses, sample_with_uniform
 
@@ -303,8 +303,7 @@ def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tens
 
     Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
-    tokens = tokens.long()
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
     uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
     return univer_kernel(st, tokens, target_probs, draft_probs, uniforms)
 
@@ -317,8 +316,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     the y law at v is as in :func:`univer_kernel`. ``_broken``: see :func:`allocate`; also
     ``"inner_ptilde"`` uses p~(v) instead of p~res(v) as the threshold of inner nodes.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "topk_residual") if check else structure_of(parents)
-    tokens = tokens.long()
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
     alloc = allocate(st, tokens, target_probs, draft_probs, _broken=_broken)
     thr_all = alloc.threshold
     if _broken == "inner_ptilde":

@@ -13,10 +13,25 @@ import torch
 
 from .registry import DRAFTING_RULES
 
-__all__ = ["TreeStructure", "tree_structure", "structure_of", "check_tree_inputs", "SUM_TOL"]
+__all__ = ["TreeStructure", "tree_structure", "structure_of", "check_tree_inputs", "prepare_step", "sum_tolerance",
+           "compute_dtype", "SUM_TOL"]
 
-#: Tolerance on |row sum - 1| for target rows and (inner-node) draft rows.
+#: Tolerance on |row sum - 1| for target rows and (inner-node) draft rows in float32 / float64.
 SUM_TOL = 1e-4
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def sum_tolerance(dtype: torch.dtype) -> float:
+    """|row sum - 1| allowed for laws of ``dtype``: :data:`SUM_TOL`, or the machine epsilon of a
+    16-bit float (float16 9.8e-4, bfloat16 7.8e-3), whose rounding alone moves a row sum that far."""
+    return max(SUM_TOL, torch.finfo(dtype).eps) if dtype in _LOW_PRECISION else SUM_TOL
+
+
+def compute_dtype(target_dtype: torch.dtype, draft_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels compute in: float16 / bfloat16 become float32, then the two are promoted."""
+    up = [torch.float32 if d in _LOW_PRECISION else d for d in (target_dtype, draft_dtype)]
+    return torch.promote_types(*up)
 
 
 @dataclass(frozen=True)
@@ -124,10 +139,11 @@ def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
         raise ValueError(f"node {int(nodes[_first(bad)])}: {what} row contains NaN or inf")
     if bool((mn < 0).any()):
         raise ValueError(f"node {int(nodes[_first(mn < 0)])}: {what} row has a negative probability")
-    off = (s - 1.0).abs() > SUM_TOL
+    tol = sum_tolerance(probs.dtype)
+    off = (s - 1.0).abs() > tol
     if bool(off.any()):
         i = _first(off)
-        raise ValueError(f"node {int(nodes[i])}: {what} row sums to {float(s[i]):.6g}, not 1 (tol {SUM_TOL})")
+        raise ValueError(f"node {int(nodes[i])}: {what} row sums to {float(s[i]):.6g}, not 1 (tol {tol:g})")
 
 
 def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
@@ -137,7 +153,8 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
     Args:
         parents: LongTensor ``[N]``; ``parents[0] == -1``, ``0 <= parents[i] < i``.
         tokens: LongTensor ``[N]``, every entry in ``[0, V)``.
-        target_probs: float ``[N, V]``; every row finite, >= 0, summing to 1 within :data:`SUM_TOL`.
+        target_probs: float ``[N, V]``; every row finite, >= 0, summing to 1 within
+            :func:`sum_tolerance` of its dtype (:data:`SUM_TOL` for float32 / float64).
         draft_probs: float ``[N, V]``; rows of nodes with children as target rows (leaf rows unused).
         drafting: the rule the children were drawn with (``"wor"``, ``"topk_residual"``, ``"topk"``)
             or ``None`` to skip the rule checks. ``wor``: children of a node are distinct tokens.
@@ -172,6 +189,10 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
         raise ValueError(f"draft_probs shape {tuple(draft_probs.shape)} != target_probs shape {tuple(target_probs.shape)}")
     if not (target_probs.dtype.is_floating_point and draft_probs.dtype.is_floating_point):
         raise ValueError("target_probs and draft_probs must be floating-point tensors")
+    if target_probs.device != draft_probs.device:
+        raise ValueError(f"target_probs is on {target_probs.device}, draft_probs on {draft_probs.device}: use one device")
+    if target_probs.device.type == "meta":
+        raise ValueError("target_probs and draft_probs are on the meta device (no values): verification needs real laws")
     if drafting is not None and drafting not in DRAFTING_RULES:
         raise ValueError(f"unknown drafting rule {drafting!r}; use one of {DRAFTING_RULES}")
     st = structure_of(parents)
@@ -236,3 +257,29 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             raise ValueError(f"node {v}: its {what} children are not the most probable tokens of its draft law "
                              f"(drafting {drafting!r})")
     return st
+
+
+def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                 drafting: str | None, check: bool = True):
+    """The door of every verifier: validate (unless ``check`` is False) and bring the laws to the
+    dtype the kernels compute in.
+
+    Returns:
+        ``(st, tokens, target_probs, draft_probs)``: the :class:`TreeStructure`, tokens as a
+        LongTensor, and the laws in :func:`compute_dtype` (float16 / bfloat16 rows are upcast to
+        float32 and divided by their sums, so the law used is the normalised row; float32 and
+        float64 laws pass through without a copy unless the two dtypes differ).
+
+    Raises:
+        ValueError: as :func:`check_tree_inputs`.
+    """
+    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, drafting) if check else structure_of(parents)
+    dt = compute_dtype(target_probs.dtype, draft_probs.dtype)
+
+    def bring(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in _LOW_PRECISION:
+            x = x.to(dt)
+            return x / x.sum(-1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
+        return x.to(dt)
+
+    return st, tokens.long(), bring(target_probs), bring(draft_probs)

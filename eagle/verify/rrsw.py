@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import TreeStructure, check_tree_inputs, structure_of
+from .checks import TreeStructure, prepare_step
 from .registry import Verifier, register_verifier
 from .rules import remaining_mass, sample_with_uniform
 
@@ -80,7 +80,7 @@ def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tens
     Raises:
         ValueError: on invalid inputs (see :func:`~eagle.verify.checks.check_tree_inputs`).
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
     return rrsw_kernel(st, tokens, target_probs, draft_probs, uniforms)
 
@@ -99,7 +99,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     Raises:
         ValueError: on invalid inputs.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, "wor") if check else structure_of(parents)
+    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     tok = tokens.tolist()
     out = torch.zeros_like(target_probs)
     reach = [0.0] * st.num_nodes
