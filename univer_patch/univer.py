@@ -86,6 +86,7 @@ class _Shape:
     by depth (the order of :attr:`TreeStructure.inner_levels`), so every depth is a row slice."""
 
     inner: torch.Tensor  # [I] inner nodes
+    inner_first: int  # inner[0] when the inner nodes are consecutive (a row view), else -1
     inner_col: torch.Tensor  # [I, 1] the same, for 2-D indexing
     cnode: torch.Tensor  # [I, mmax] child nodes, padding -> 0
     is_top: torch.Tensor  # [I, mmax] float64: 1 on the top-(m-1) children
@@ -128,7 +129,8 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
         inner, cn, m = torch.cat(nodes_l), torch.cat(cn_l), torch.cat(m_l)
     valid = cn >= 0
     col = torch.arange(cn.shape[1])
-    return _Shape(inner=inner, inner_col=inner[:, None], cnode=cn.clamp(min=0),
+    consecutive = inner.numel() > 0 and int(inner[-1]) - int(inner[0]) == inner.numel() - 1
+    return _Shape(inner=inner, inner_first=int(inner[0]) if consecutive else -1, inner_col=inner[:, None], cnode=cn.clamp(min=0),
                   is_top=(valid & (col[None, :] < (m - 1)[:, None])).double(), last_col=(m - 1)[:, None],
                   vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels))
 
@@ -188,7 +190,9 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     Bc_raw, qc_raw = target_probs[sh.inner_col, ctok], draft_probs[sh.inner_col, ctok]  # B, q at the children
     Bc, qc = Bc_raw.to(f64), qc_raw.to(f64)
     # Q = c q off the top tokens, c = 1 / (the draft mass off them), summed directly (no cancellation)
-    c = 1.0 / remaining_masses(draft_probs, ctok, sh.is_top > 0, rows=sh.inner).clamp_min(1e-300)
+    q_inner = draft_probs.narrow(0, sh.inner_first, sh.inner.numel()) if sh.inner_first >= 0 else \
+        draft_probs.index_select(0, sh.inner)
+    c = 1.0 / remaining_masses(q_inner, ctok, sh.is_top > 0).clamp_min(1e-300)
     B_last = Bc.gather(1, sh.last_col).squeeze(1)
     Q_last = (c * qc.gather(1, sh.last_col).squeeze(1)).clamp_min(1e-300)  # > 0: children have draft mass
     Bc_top = Bc * sh.is_top
