@@ -78,3 +78,31 @@ def test_remaining_masses_sum_the_rest_directly():
     got = remaining_masses(big, tok, rem)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=0)
     assert float(got[1]) == pytest.approx(float(big[1].sum() - 1e6), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", METHODS)
+def test_half_precision_laws_are_upcast_and_normalised(method, dtype):
+    """A float16 / bfloat16 cast of a float32 softmax is accepted (its rows sum to 1 only within the
+    dtype's rounding), computed in float32, and gives the law of its normalised rows."""
+    rule = univer_patch.get_verifier(method).drafting
+    parents, tokens, target, draft = make_instance("3x3", 50, rule, "cpu", seed=4)
+    t16, d16 = target.to(dtype), draft.to(dtype)
+    got = univer_patch.outcome_probs(method, parents, tokens, t16, d16)
+    assert got.dtype == torch.float32
+    want = univer_patch.outcome_probs(method, parents, tokens, _normalised(t16), _normalised(d16))
+    assert float((got.double() - want).abs().max()) < 1e-6
+    node, y = univer_patch.verify(method, parents, tokens, t16, d16, generator=torch.Generator().manual_seed(0))
+    assert 0 <= node < parents.numel() and 0 <= y < 50
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_mixed_float32_float64_laws_are_promoted(method):
+    rule = univer_patch.get_verifier(method).drafting
+    parents, tokens, target, draft = make_instance("2x5", 30, rule, "cpu", seed=5)
+    got = univer_patch.outcome_probs(method, parents, tokens, target, draft.double())
+    assert got.dtype == torch.float64
+    want = univer_patch.outcome_probs(method, parents, tokens, target.double(), draft.double())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for seed in range(20):  # the sampler too (UniVer once failed an index_put on mixed dtypes)
+        univer_patch.verify(method, parents, tokens, target, draft.double(), generator=torch.Generator().manual_seed(seed))
