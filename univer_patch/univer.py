@@ -89,11 +89,23 @@ class _Shape:
     inner_first: int  # inner[0] when the inner nodes are consecutive (a row view), else -1
     inner_col: torch.Tensor  # [I, 1] the same, for 2-D indexing
     cnode: torch.Tensor  # [I, mmax] child nodes, padding -> 0
-    is_top: torch.Tensor  # [I, mmax] float64: 1 on the top-(m-1) children
+    top: torch.Tensor  # [I, mmax] bool: the top-(m-1) children
+    is_top: torch.Tensor  # [I, mmax] float64: the same as 1 / 0
     last_col: torch.Tensor  # [I, 1] column of the sampled child u_m
     vc: torch.Tensor  # real child nodes, row-major
     valid_flat: torch.Tensor  # their positions in the flattened [I, mmax]
     levels: tuple  # of _Level
+
+
+def _first_row(nodes: torch.Tensor) -> int:
+    """``nodes[0]`` when the (sorted) nodes are consecutive, so their rows are a view; else -1."""
+    k = nodes.numel()
+    return int(nodes[0]) if k and int(nodes[-1]) - int(nodes[0]) == k - 1 else -1
+
+
+def _take(x: torch.Tensor, first: int, nodes: torch.Tensor) -> torch.Tensor:
+    """Rows ``nodes`` of ``x``: a view when ``first >= 0`` (see :func:`_first_row`), else a gather."""
+    return x.narrow(0, first, nodes.numel()) if first >= 0 else x.index_select(0, nodes)
 
 
 def _moved(obj, device: str):
@@ -117,8 +129,7 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
         cn = torch.full((k, mmax), -1, dtype=torch.long)
         cn[:, : child_nodes.shape[1]] = child_nodes
         valid = cn >= 0
-        consecutive = int(nodes[-1]) - int(nodes[0]) == k - 1
-        levels.append(_Level(start=start, stop=start + k, nodes=nodes, first=int(nodes[0]) if consecutive else -1,
+        levels.append(_Level(start=start, stop=start + k, nodes=nodes, first=_first_row(nodes),
                              valid_flat=valid.flatten().nonzero().flatten(), vc=cn[valid]))
         nodes_l.append(nodes), cn_l.append(cn), m_l.append(m)
         start += k
@@ -129,9 +140,9 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
         inner, cn, m = torch.cat(nodes_l), torch.cat(cn_l), torch.cat(m_l)
     valid = cn >= 0
     col = torch.arange(cn.shape[1])
-    consecutive = inner.numel() > 0 and int(inner[-1]) - int(inner[0]) == inner.numel() - 1
-    return _Shape(inner=inner, inner_first=int(inner[0]) if consecutive else -1, inner_col=inner[:, None], cnode=cn.clamp(min=0),
-                  is_top=(valid & (col[None, :] < (m - 1)[:, None])).double(), last_col=(m - 1)[:, None],
+    top = valid & (col[None, :] < (m - 1)[:, None])
+    return _Shape(inner=inner, inner_first=_first_row(inner), inner_col=inner[:, None], cnode=cn.clamp(min=0),
+                  top=top, is_top=top.double(), last_col=(m - 1)[:, None],
                   vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels))
 
 
@@ -190,9 +201,7 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     Bc_raw, qc_raw = target_probs[sh.inner_col, ctok], draft_probs[sh.inner_col, ctok]  # B, q at the children
     Bc, qc = Bc_raw.to(f64), qc_raw.to(f64)
     # Q = c q off the top tokens, c = 1 / (the draft mass off them), summed directly (no cancellation)
-    q_inner = draft_probs.narrow(0, sh.inner_first, sh.inner.numel()) if sh.inner_first >= 0 else \
-        draft_probs.index_select(0, sh.inner)
-    c = 1.0 / remaining_masses(q_inner, ctok, sh.is_top > 0).clamp_min(1e-300)
+    c = 1.0 / remaining_masses(_take(draft_probs, sh.inner_first, sh.inner), ctok, sh.top).clamp_min(1e-300)
     B_last = Bc.gather(1, sh.last_col).squeeze(1)
     Q_last = (c * qc.gather(1, sh.last_col).squeeze(1)).clamp_min(1e-300)  # > 0: children have draft mass
     Bc_top = Bc * sh.is_top
@@ -202,18 +211,14 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     inner_pe = torch.empty_like(Bc)  # p_v at the children slots
     for lv in sh.levels:
         r = slice(lv.start, lv.stop)
-        k = lv.stop - lv.start
-        pt = p_tilde.narrow(0, lv.first, k) if lv.first >= 0 else p_tilde.index_select(0, lv.nodes)  # p~(v) [k]
+        pt = _take(p_tilde, lv.first, lv.nodes)  # p~(v) [k]
         # Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
         a = (pt * B_last[r] / Q_last[r]).clamp_(max=1.0)
         # Eq. 3: Z = 1 - p~ + S, S = sum_x max(p~ B(x) - Q(x), 0) = p~ sum_x max(B - lam q, 0) with
         # lam = c / p~ (capped: products like p~ B would be subnormal floats for tiny p~, 10-100x
         # slower on CPU; the cap changes S by < 1e-30). Rows with a = 1 or p~ = 0 get w = 0.
         lam = (c[r] / pt.clamp_min(1e-300)).clamp_(max=LAMBDA_CAP).to(target_probs.dtype).unsqueeze(1)
-        if lv.first >= 0:
-            B, q = target_probs.narrow(0, lv.first, k), draft_probs.narrow(0, lv.first, k)  # [k, V]
-        else:
-            B, q = target_probs.index_select(0, lv.nodes), draft_probs.index_select(0, lv.nodes)
+        B, q = _take(target_probs, lv.first, lv.nodes), _take(draft_probs, lv.first, lv.nodes)  # [k, V]
         if _broken == "softmax_residual":
             D = torch.softmax(B - lam * q, dim=-1)
             dense, Dt = D.sum(1), D.gather(1, ctok[r])
