@@ -1,40 +1,72 @@
-"""Drafting: the EAGLE-1 head expands a static tree level by level.
+"""Drafting: the EAGLE-1 head expands a static tree level by level and returns the drafted tree.
 
-A drafter turns "committed context" into candidates: the tree's tokens plus, for every expanded
-node, the full processed draft law its children were drawn from (what the verifier must use).
-Another drafter (a dynamic tree, an independent small model) can plug in by returning the same
-:class:`Draft`.
+A drafter turns "committed context" into a :class:`DraftTree`: the pruned tree in the common tree
+form (parents, tokens, depth) plus, for every node, the full processed draft law its children were
+drawn from (what the verifier must use). The generation loop sees only that; another drafter (a
+dynamic tree, an independent small model) plugs in by returning the same object.
+
+Host synchronisations on an accelerator: drafting itself makes none of its own (the expansion plan is
+static and on the device; nodes that turn out undrafted are expanded anyway and pruned afterwards);
+building the :class:`DraftTree` makes ONE (the drafted tokens and the logits' finiteness flag come back
+together). The drafting rules' own kernels may add theirs (eagle.verify.rules / eagle.rules).
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 
 from .model.kv_cache import cache_length, truncate_cache
 from .sampling import SamplingConfig, check_logits, logits_to_probs
-from .tree import TreeBuffers
+from .tree import TreeBuffers, additive_mask
 from .verify.rules import draw_children
 
-__all__ = ["Draft", "EagleTreeDrafter"]
+__all__ = ["DraftTree", "EagleTreeDrafter"]
 
 
 @dataclass
-class Draft:
-    """One drafted tree (static shape, possibly pruned).
+class DraftTree:
+    """One drafted tree, pruned, in the common tree form (``eagle.verify.registry``).
 
     Attributes:
-        tokens: LongTensor ``[N]`` over the static tree's nodes; ``tokens[0]`` is the root,
-            -1 marks nodes that could not be drafted (draft support exhausted) and are pruned.
-        draft_probs: float32 ``[N, V]``: row i = processed draft law node i's children were drawn
-            from (zeros for leaves and pruned nodes). At temperature 0 it is the softmax of the
+        parents: LongTensor ``[n]`` (device), node 0 = root (-1); parents precede children and
+            siblings are in rank order.
+        tokens: LongTensor ``[n]`` (device), ``tokens[0]`` = the root (last committed) token.
+        depth: LongTensor ``[n]`` (device), 0 for the root; the position offset from the root.
+        draft_probs: float32 ``[n, V]`` (device): row i = the processed draft law node i's children
+            were drawn from (rows of leaves are unused). At temperature 0 it is the softmax of the
             draft logits (only its ranking is used).
-        keep: LongTensor ``[n]``: indices of the drafted (not pruned) nodes, increasing, with 0.
+        ancestor: BoolTensor ``[n, n]`` (device): ``[i, j]`` iff j is i or an ancestor of i (the tree
+            attention of the target forward, see :func:`eagle.tree.additive_mask`).
+        parents_list, tokens_list: the same parents and tokens on the host (lists of ints).
+        nodes: LongTensor ``[n]`` (device) or None: the static tree's node of each drafted node (None
+            when nothing was pruned, i.e. node i is static node i).
     """
 
+    parents: torch.Tensor
     tokens: torch.Tensor
+    depth: torch.Tensor
     draft_probs: torch.Tensor
-    keep: torch.Tensor
+    ancestor: torch.Tensor
+    parents_list: list
+    tokens_list: list
+    nodes: torch.Tensor | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents_list)
+
+    def path_index(self, node: int, plan=None) -> torch.Tensor:
+        """LongTensor (device): node indices from the root down to ``node`` (no host sync when the
+        tree was not pruned and ``plan`` is the static tree's :class:`~eagle.tree.TreePlan`)."""
+        if self.nodes is None and plan is not None:
+            return plan.path_index[node]
+        par = self.parents_list
+        path = [node]
+        while par[path[-1]] >= 0:
+            path.append(par[path[-1]])
+        return torch.tensor(path[::-1], dtype=torch.long, device=self.parents.device)
 
 
 class EagleTreeDrafter:
@@ -68,8 +100,8 @@ class EagleTreeDrafter:
 
     @torch.no_grad()
     def draft(self, head_cache, root_token: int, root_hidden: torch.Tensor, tree: TreeBuffers, rule: str,
-              cfg: SamplingConfig, generator: torch.Generator | None = None) -> Draft:
-        """Expand ``tree`` below ``root_token`` level by level with the head.
+              cfg: SamplingConfig, generator: torch.Generator | None = None) -> DraftTree:
+        """Expand ``tree`` below ``root_token`` level by level with the head; return the pruned tree.
 
         The head cache holds the committed positions (C of them); node v at depth d >= 1 is fed
         ``(embed(token_v), head output at parent(v))`` at position ``C - 1 + d`` and attends to the
@@ -82,8 +114,16 @@ class EagleTreeDrafter:
             tree: static tree buffers.
             rule: drafting rule ("wor", "topk_residual" or "topk"; REFERENCE section 1).
             cfg: sampling processing applied to the draft logits (same as the target's).
+
+        Returns:
+            :class:`DraftTree`: the drafted nodes; a node is dropped when it or an ancestor could not be
+            drafted (the draft law's support had fewer tokens than the node's rank).
+
+        Raises:
+            ValueError: NaN or inf draft logits.
         """
         device = root_hidden.device
+        plan = tree.on(device)
         n = tree.num_nodes
         committed = cache_length(head_cache)
         tokens = torch.full((n,), -1, dtype=torch.long, device=device)
@@ -92,51 +132,67 @@ class EagleTreeDrafter:
         hidden[0] = root_hidden
         vocab = self.lm_head.weight.shape[0]
         draft_probs = torch.zeros(n, vocab, dtype=torch.float32, device=device)
-        parents = tree.parents.to(device)
-        depth = tree.depth.to(device)
-        num_children = tree.num_children
-        cached_nodes: list[torch.Tensor] = []  # tree nodes appended to the head cache, in order
-        ancestor = tree.ancestor_mask.to(device)
+        # on an accelerator the draft logits' finiteness is checked with the one sync below (a check per
+        # level would wait for the device each time); on the CPU a sync costs nothing: check at once
+        defer_check = device.type != "cpu"
+        extremes = []  # (min, max) of every level's logits
+        mask_dtype = self.head.fc.weight.dtype
         try:
-            for d, level in enumerate(tree.levels):
-                level = level.to(device)
-                expand = level[(num_children[level.cpu()] > 0).to(device) & (tokens[level] >= 0)]
-                if expand.numel() == 0:
-                    break
+            for d, level in enumerate(plan.levels):
+                expand = level.expand
                 if d > 0:
-                    cached = torch.cat(cached_nodes) if cached_nodes else expand[:0]
-                    cols = torch.cat([cached, expand])
-                    visible = torch.cat([torch.ones(expand.numel(), committed, dtype=torch.bool, device=device),
-                                         ancestor[expand][:, cols]], dim=1)
-                    dt = self.head.fc.weight.dtype
-                    mask = torch.zeros(visible.shape, dtype=dt, device=device)
-                    mask.masked_fill_(~visible, torch.finfo(dt).min)
-                    out = self.head(tokens[expand][None], hidden[parents[expand]][None],
-                                    position_ids=(committed - 1 + depth[expand])[None],
-                                    attention_mask=mask[None, None], cache=head_cache)
+                    # undrafted nodes (token -1) are expanded with token 0 and pruned afterwards
+                    out = self.head(tokens[expand].clamp(min=0)[None], hidden[plan.parents[expand]][None],
+                                    position_ids=(committed - 1 + plan.depth[expand])[None],
+                                    attention_mask=additive_mask(level.visible, committed, mask_dtype),
+                                    cache=head_cache)
                     hidden[expand] = out[0]
-                    cached_nodes.append(expand)
                 logits = self.lm_head(hidden[expand]).float()
-                check_logits(logits, "draft logits (head output)")
+                if defer_check:  # NaN/inf reported after the one sync below; draw from finite stand-ins
+                    extremes.append(torch.stack(torch.aminmax(logits)))
+                    logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+                else:
+                    check_logits(logits, "draft logits (head output)")
                 if cfg.greedy:
                     q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
                 else:
-                    q = logits_to_probs(logits, cfg)
+                    q = _probs_unchecked(logits, cfg)
                 draft_probs[expand] = q
-                m_per_node = num_children[expand.cpu()]
-                for m in torch.unique(m_per_node).tolist():
-                    sel = (m_per_node == m).to(device)
-                    nodes = expand[sel]
-                    kids = draw_children(q[sel], min(int(m), vocab), rule, generator)  # [g, min(m, V)]
+                for m, rows, child_idx in level.groups:
+                    kids = draw_children(q[rows], min(m, vocab), rule, generator)  # [g, min(m, V)]
                     if kids.shape[1] < m:  # more children than tokens: the extra ones are pruned
-                        kids = torch.cat([kids, kids.new_full((kids.shape[0], int(m) - kids.shape[1]), -1)], 1)
-                    child_idx = torch.tensor([tree.children[int(v)] for v in nodes.tolist()],
-                                             dtype=torch.long, device=device)
+                        kids = torch.cat([kids, kids.new_full((kids.shape[0], m - kids.shape[1]), -1)], 1)
                     tokens[child_idx.flatten()] = kids.flatten().to(device)
         finally:
             truncate_cache(head_cache, committed)
-        # a node survives only if it and all its ancestors were drafted
-        drafted = tokens >= 0
-        alive = ~(ancestor & ~drafted[None, :]).any(dim=1)
-        keep = torch.nonzero(alive).flatten()
-        return Draft(tokens=tokens, draft_probs=draft_probs, keep=keep)
+        finite = torch.isfinite(torch.stack(extremes)).all() if extremes else torch.ones((), dtype=torch.bool)
+        host = torch.cat([tokens, finite.to(device=device, dtype=torch.long)[None]]).tolist()  # the one sync
+        if not host[-1]:
+            raise ValueError("draft logits (head output) contain NaN or inf")
+        tok = host[:-1]
+        par = plan.parents_list
+        alive = [True] * n
+        for i in range(1, n):  # parents precede children
+            alive[i] = tok[i] >= 0 and alive[par[i]]
+        if all(alive):
+            return DraftTree(parents=plan.parents, tokens=tokens, depth=plan.depth, draft_probs=draft_probs,
+                             ancestor=plan.ancestor, parents_list=list(par), tokens_list=tok, nodes=None)
+        keep = [i for i in range(n) if alive[i]]
+        remap = {v: i for i, v in enumerate(keep)}
+        parents_list = [-1] + [remap[par[v]] for v in keep[1:]]
+        keep_t = torch.tensor(keep, dtype=torch.long, device=device)
+        return DraftTree(parents=torch.tensor(parents_list, dtype=torch.long, device=device), tokens=tokens[keep_t],
+                         depth=plan.depth[keep_t], draft_probs=draft_probs[keep_t],
+                         ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
+                         tokens_list=[tok[v] for v in keep], nodes=keep_t)
+
+
+_HAS_CHECK_SWITCH = "check" in inspect.signature(logits_to_probs).parameters
+
+
+def _probs_unchecked(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """``logits_to_probs`` without its own finiteness check (a host sync) where the sampling module
+    offers that switch; the caller checks the logits itself with its one sync."""
+    if _HAS_CHECK_SWITCH:
+        return logits_to_probs(logits, cfg, check=False)
+    return logits_to_probs(logits, cfg)

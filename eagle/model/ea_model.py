@@ -14,22 +14,26 @@ next root), whose target feature is computed in the next tree forward.
 """
 from __future__ import annotations
 
+import inspect
 import numbers
 import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..drafting import EagleTreeDrafter
+from ..drafting import EagleTreeDrafter, _probs_unchecked
 from ..sampling import SamplingConfig, check_logits, greedy_token, logits_to_probs, sample_from
-from ..tree import build_tree, subtree_parents
+from ..tree import additive_mask, build_tree
 from ..tree.choices import MC_SIM_7B_63
-from ..verify.posterior import evaluate_posterior, path_to_root
+from ..verify import registry as _registry
 from ..verify.registry import get_verifier
 from .head import CheckpointMismatchError, EagleHead
-from .kv_cache import keep_positions, new_cache
+from .kv_cache import cache_length, keep_positions, new_cache
 
-__all__ = ["EaModel"]
+__all__ = ["EaModel", "TreeLaws", "PartTimer", "TIMING_PARTS"]
 
 
 class EaModel(nn.Module):
@@ -157,9 +161,9 @@ class EaModel(nn.Module):
         return hidden, self.lm_head(hidden)
 
     # ------------------------------------------------------------------ generation
-    def _prepare(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def _prepare(self, input_ids, max_new_tokens: int) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor):
-            input_ids = torch.tensor(input_ids, dtype=torch.long)
+            input_ids = torch.tensor(input_ids, dtype=torch.long, device="cpu")
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -168,6 +172,8 @@ class EaModel(nn.Module):
             raise ValueError("empty prompt: input_ids has no tokens")
         if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}")
+        if input_ids.device.type == "meta":
+            raise ValueError("input_ids is on the meta device (no values); pass real token ids")
         vocab = self.lm_head.weight.shape[0]
         bad = (input_ids < 0) | (input_ids >= vocab)
         if bool(bad.any()):
@@ -175,141 +181,363 @@ class EaModel(nn.Module):
             raise ValueError(f"input_ids[0, {i}] = {int(input_ids[0, i])} is outside the vocabulary [0, {vocab})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        limit = getattr(self.base_model.config, "max_position_embeddings", None)
+        if isinstance(limit, int) and input_ids.shape[1] + max_new_tokens > limit:
+            warnings.warn(f"prompt of {input_ids.shape[1]} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                          f"target's max_position_embeddings={limit}: positions beyond it are outside what the "
+                          "model was trained on (output quality may collapse)", stacklevel=3)
         return input_ids.to(self.device, torch.long)
 
     def _generator(self, seed):
         if seed is None:
             return None
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2 ** 64:
+            raise ValueError(f"seed must be None or an integer in [0, 2**64), got {seed!r}")
         g = torch.Generator(device=self.device)
         g.manual_seed(int(seed))
         return g
 
     @torch.no_grad()
     def naivegenerate(self, input_ids, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                      max_new_tokens: int = 512, seed: int | None = None, return_stats: bool = False, **_ignored):
+                      max_new_tokens: int = 512, seed: int | None = None, return_stats: bool = False,
+                      progress=None, **_ignored):
         """Plain autoregressive generation with the same sampling rule (the baseline).
 
-        Args and returns as :meth:`eagenerate` (``accept_lengths`` are all 1).
+        Args and returns as :meth:`eagenerate` (``accept_lengths`` are all 1; timing has
+        ``target_forward`` and ``target_laws`` only). ``progress(1)`` is called after every token.
         """
+        cfg = _sampling_config(temperature, top_p, top_k)
         input_ids = self._prepare(input_ids, max_new_tokens)
-        cfg = SamplingConfig(temperature, top_p, top_k)
         gen = self._generator(seed)
         stops = self.stop_token_ids()
-        _sync(self.device)
+        dev = self.device
+        timer = PartTimer(dev, enabled=return_stats)
+        _sync(dev)
         t0 = time.perf_counter()
+        timer.start()
         cache = new_cache(self.base_model.config)
         n = input_ids.shape[1]
-        _, logits = self.target_forward(input_ids, torch.arange(n, device=self.device)[None], cache)
+        _, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache)
+        timer.lap("target_forward")
         out = []
         while True:
             tok = _next_token(logits[0, -1], cfg, gen)
+            timer.lap("target_laws")
             out.append(tok)
+            if progress is not None:
+                progress(1)
             if tok in stops or len(out) >= max_new_tokens:
                 break
-            pos = torch.tensor([[n + len(out) - 1]], device=self.device)
-            _, logits = self.target_forward(torch.tensor([[tok]], device=self.device), pos, cache)
-        _sync(self.device)
+            pos = torch.tensor([[n + len(out) - 1]], device=dev)
+            _, logits = self.target_forward(torch.tensor([[tok]], device=dev), pos, cache)
+            timer.lap("target_forward")
+        _sync(dev)
         wall = time.perf_counter() - t0
-        ids = torch.cat([input_ids, torch.tensor([out], device=self.device)], dim=1)
+        ids = torch.cat([input_ids, torch.tensor([out], device=dev)], dim=1)
         if not return_stats:
             return ids
         return ids, {"accept_lengths": [1] * (len(out) - 1), "new_tokens": len(out), "wall_time": wall,
-                     "decoding_steps": len(out) - 1}
+                     "decoding_steps": len(out) - 1, "timing": timer.result(wall)}
+
+    def _choose(self, verifier, temperature, top_p, top_k, tree_choices):
+        """The per-call choices, made once: sampling config, verifier (temperature 0 -> "argmax"), tree."""
+        cfg = _sampling_config(temperature, top_p, top_k)
+        name = self.verifier if verifier is None else verifier
+        v = _select_verifier(name, cfg)
+        tree = build_tree(tree_choices if tree_choices is not None else self.tree_choices)
+        return cfg, v, tree
+
+    def _score_tree(self, cache, head_cache, root: int, pending_tokens, pending_feats, tree, rule, cfg, gen,
+                    timer=None):
+        """Draft one tree below ``root`` and run the one target forward over it.
+
+        Returns ``(draft: DraftTree, prefix, tree features [1, n, H], target logits [n, V], target_probs
+        [n, V] float32)``; the target cache then holds prefix + the n tree nodes.
+        """
+        timer = timer or _NO_TIMER
+        root_hidden = self.drafter.consume(head_cache, pending_tokens, pending_feats)
+        draft = self.drafter.draft(head_cache, root, root_hidden, tree, rule, cfg, gen)
+        timer.lap("draft")
+        prefix = cache_length(cache)
+        mask = additive_mask(draft.ancestor, prefix, self._mask_dtype())
+        tfeats, tlogits = self.target_forward(draft.tokens[None], (prefix + draft.depth)[None], cache,
+                                              attention_mask=mask)
+        timer.lap("target_forward")
+        tlogits = tlogits[0]
+        check_logits(tlogits, "target logits")  # host sync (NaN/inf must not reach the verifier)
+        target_probs = _probs_unchecked(tlogits, cfg)
+        timer.lap("target_laws")
+        return draft, prefix, tfeats, tlogits, target_probs
 
     @torch.no_grad()
     def eagenerate(self, input_ids, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    max_new_tokens: int = 512, tree_choices=None, verifier=None, seed: int | None = None,
-                   return_stats: bool = False):
+                   return_stats: bool = False, expected_tau: bool = False, progress=None):
         """Speculative generation with tree drafting and lossless verification.
 
         Args:
             input_ids: LongTensor ``[1, L]`` (or ``[L]``) prompt tokens. Batch size 1 only.
             temperature, top_p, top_k: sampling processing, identical for target, draft and the
-                bonus token (temperature 0 = greedy: the output equals :meth:`naivegenerate`'s).
+                bonus token. Temperature 0 selects the registry's temperature-0 verifier ("argmax":
+                top-k drafting, longest greedy match); see the README for the exact temperature-0
+                contract (token-for-token equal to :meth:`naivegenerate` in float32; in float16 /
+                bfloat16 near-ties may split).
             max_new_tokens: hard cap on generated tokens.
             tree_choices: static tree (choices list or a name like ``"2x5"``); default the model's.
             verifier: registry name (``"rrsw"``, ``"traversal"``, ``"greedy"``, ``"univer"``);
-                default the model's (see :meth:`set_verifier`).
-            seed: seeds a private ``torch.Generator`` (None = global RNG).
+                default the model's (see :meth:`set_verifier`). Ignored at temperature 0 (it must
+                still be a known name).
+            seed: None (global RNG) or an integer in ``[0, 2**64)`` seeding a private generator on
+                the model's device.
             return_stats: also return the stats dict.
+            expected_tau: with ``return_stats``, also compute per cycle the exact expected tokens per
+                target forward from the verifier's outcome law (not counted in any timing).
+            progress: optional callable, ``progress(k)`` after every cycle with the k tokens appended.
 
         Returns:
             ``output_ids`` (LongTensor ``[1, L + new]``: prompt + generated, ending at the first EOS
             if any) or ``(output_ids, stats)``; stats: ``accept_lengths`` (list[int], tokens appended
             per target forward = accepted draft tokens + 1, trimmed at EOS / max_new_tokens),
-            ``new_tokens`` (int), ``wall_time`` (seconds), ``decoding_steps`` (target forwards after
-            the prefill).
+            ``new_tokens`` (int), ``wall_time`` (seconds, without the ``expected_tau`` work),
+            ``decoding_steps`` (target forwards after the prefill), ``timing`` (dict of seconds summed
+            over the call: ``draft`` (head passes + draws), ``target_forward`` (prefill and tree
+            forwards incl. masks), ``target_laws`` (logit checks + processed target laws, first token),
+            ``verify``, ``cache_update`` (KV cache + next inputs), ``other`` (the rest of
+            ``wall_time``)); with ``expected_tau``: ``expected_accept_lengths`` (list[float] per cycle,
+            E[accepted draft tokens + 1 | drafted tree] = sum over outcomes of (depth + 1) x probability,
+            not trimmed at EOS / max_new_tokens).
 
         Raises:
-            ValueError: batch size > 1, empty prompt, bad sampling parameters, unknown verifier,
+            ValueError: batch size > 1, empty prompt, bad sampling parameters (a temperature that is
+                not a real number included), unknown or empty verifier name, seed out of range,
                 NaN/inf logits.
         """
+        cfg, v, tree = self._choose(verifier, temperature, top_p, top_k, tree_choices)
         input_ids = self._prepare(input_ids, max_new_tokens)
-        cfg = SamplingConfig(temperature, top_p, top_k)
-        v = get_verifier(verifier or self.verifier)
-        rule = "topk" if cfg.greedy else v.drafting
-        tree = build_tree(tree_choices if tree_choices is not None else self.tree_choices)
         gen = self._generator(seed)
         stops = self.stop_token_ids()
         dev = self.device
+        plan = tree.on(dev)
+        timer = PartTimer(dev, enabled=return_stats)
         _sync(dev)
         t0 = time.perf_counter()
+        timer.start()
 
         # prefill: target over the prompt, first token from its last position
         cache = new_cache(self.base_model.config)
         head_cache = new_cache(self.ea_layer.config)
         n = input_ids.shape[1]
         feats, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache)
+        timer.lap("target_forward")
         root = _next_token(logits[0, -1], cfg, gen)
+        timer.lap("target_laws")
         out = [root]
+        if progress is not None:
+            progress(1)
         accept_lengths: list[int] = []
+        expected: list[float] = []
         pending_tokens = torch.cat([input_ids[:, 1:], torch.tensor([[root]], device=dev)], dim=1)
         pending_feats = feats
         done = root in stops or len(out) >= max_new_tokens
+        # Host synchronisations per cycle (CUDA): (1) the drafted tokens + draft-logit finiteness flag,
+        # one transfer (EagleTreeDrafter.draft); (2) the target-logit finiteness check; (3) the verifier's
+        # (node, token) result, plus whatever its kernel needs (eagle.verify); the transfers after (3)
+        # (next input ids, the accepted path when the tree was pruned) find an idle stream.
         while not done:
-            committed = n + len(out)  # tokens so far; the target cache holds committed - 1
-            root_hidden = self.drafter.consume(head_cache, pending_tokens, pending_feats)
-            draft = self.drafter.draft(head_cache, root, root_hidden, tree, rule, cfg, gen)
-            keep = draft.keep
-            tokens = draft.tokens[keep]
-            parents = subtree_parents(tree.parents.to(dev), keep)
-            prefix = committed - 1
-            mask = tree.additive_mask(prefix, dtype=self._mask_dtype(), nodes=keep.cpu()).to(dev)
-            pos = (prefix + tree.depth.to(dev)[keep])[None]
-            tfeats, tlogits = self.target_forward(tokens[None], pos, cache, attention_mask=mask)
-            tlogits = tlogits[0]
-            check_logits(tlogits, "target logits")
-            target_probs = None if cfg.greedy else logits_to_probs(tlogits, cfg)
-            node, y = evaluate_posterior(v, cfg, parents, tokens, tlogits, target_probs,
-                                         draft.draft_probs[keep], gen)
-            path = path_to_root(parents, node)
-            new = tokens[path[1:]].tolist() + [y]
+            draft, prefix, tfeats, tlogits, target_probs = self._score_tree(
+                cache, head_cache, root, pending_tokens, pending_feats, tree, v.drafting, cfg, gen, timer)
+            if expected_tau and return_stats:
+                timer.pause()
+                law = _call(v.outcome_probs, draft.parents, draft.tokens, target_probs, draft.draft_probs)
+                expected.append(float(((draft.depth + 1).to(law.dtype) * law.sum(-1)).sum()))
+                timer.resume()
+            node, y = _call(v.verify, draft.parents, draft.tokens, target_probs, draft.draft_probs, generator=gen)
+            node, y = int(node), int(y)
+            path = draft.path_index(node, plan)
+            par, tok = draft.parents_list, draft.tokens_list
+            accepted = []
+            i = node
+            while i > 0:
+                accepted.append(tok[i])
+                i = par[i]
+            new = accepted[::-1] + [y]
+            timer.lap("verify")
             appended = 0
-            for tok in new:
-                out.append(tok)
+            for t in new:
+                out.append(t)
                 appended += 1
-                if tok in stops or len(out) >= max_new_tokens:
+                if t in stops or len(out) >= max_new_tokens:
                     done = True
                     break
             accept_lengths.append(appended)
+            if progress is not None:
+                progress(appended)
             if done:
                 break
-            path_t = torch.tensor(path, device=dev)
-            keep_positions(cache, prefix, path_t)
+            keep_positions(cache, prefix, path)
             pending_tokens = torch.tensor([new], device=dev)
-            pending_feats = tfeats[:, path_t]
+            pending_feats = tfeats[:, path]
             root = y
+            timer.lap("cache_update")
         _sync(dev)
         wall = time.perf_counter() - t0
         ids = torch.cat([input_ids, torch.tensor([out], device=dev)], dim=1)
         if not return_stats:
             return ids
-        return ids, {"accept_lengths": accept_lengths, "new_tokens": len(out), "wall_time": wall,
-                     "decoding_steps": len(accept_lengths)}
+        timing = timer.result(wall)
+        stats = {"accept_lengths": accept_lengths, "new_tokens": len(out), "wall_time": wall - timer.excluded,
+                 "decoding_steps": len(accept_lengths), "timing": timing}
+        if expected_tau:
+            stats["expected_accept_lengths"] = expected
+        return ids, stats
+
+    @torch.no_grad()
+    def tree_laws(self, input_ids, *, tree_choices=None, drafting: str | None = None, temperature: float = 1.0,
+                  top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None) -> "TreeLaws":
+        """Draft ONE tree after the context and score it with one target forward (no verification).
+
+        The root (node 0) is the last token of ``input_ids``; the target runs over the context before
+        it (prefill), the head consumes the context's (token, feature) pairs, drafts ``tree_choices``
+        with the ``drafting`` rule, and one tree forward gives the target laws of every node. Fresh
+        caches are used and dropped, so the model is left as it was.
+
+        Args:
+            input_ids: LongTensor ``[1, L]`` (or ``[L]``), ``L >= 2``.
+            tree_choices: tree (choices or a name); default the model's.
+            drafting: "wor", "topk_residual" or "topk"; default the drafting rule of the model's
+                verifier at ``temperature`` (``"topk"`` at temperature 0).
+            temperature, top_p, top_k: sampling processing of both laws.
+            generator: ``torch.Generator`` on the model's device for the draws (None = global RNG).
+
+        Returns:
+            :class:`TreeLaws` in the common tree form of ``eagle.verify.registry``: ``parents``,
+            ``tokens``, ``depth`` (LongTensor ``[n]``), ``target_probs``, ``draft_probs`` (float32
+            ``[n, V]``), all on the model's device; pass them to a verifier's ``outcome_probs``.
+
+        Raises:
+            ValueError: a context of fewer than 2 tokens, an unknown drafting rule, bad sampling
+                parameters, NaN/inf logits.
+        """
+        cfg = _sampling_config(temperature, top_p, top_k)
+        if drafting is None:
+            drafting = _select_verifier(self.verifier.name, cfg).drafting
+        if drafting not in _DRAFTING_RULES:
+            raise ValueError(f"unknown drafting rule {drafting!r}; use one of {_DRAFTING_RULES}")
+        tree = build_tree(tree_choices if tree_choices is not None else self.tree_choices)
+        input_ids = self._prepare(input_ids, 1)
+        if input_ids.shape[1] < 2:
+            raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")
+        dev = self.device
+        cache = new_cache(self.base_model.config)
+        head_cache = new_cache(self.ea_layer.config)
+        n = input_ids.shape[1]
+        feats, _ = self.target_forward(input_ids[:, :-1], torch.arange(n - 1, device=dev)[None], cache)
+        draft, _, _, _, target_probs = self._score_tree(cache, head_cache, int(input_ids[0, -1]), input_ids[:, 1:],
+                                                        feats, tree, drafting, cfg, generator)
+        return TreeLaws(parents=draft.parents, tokens=draft.tokens, depth=draft.depth, target_probs=target_probs,
+                        draft_probs=draft.draft_probs)
 
     def _mask_dtype(self):
         dt = self.lm_head.weight.dtype
         return dt if dt.is_floating_point else torch.float32
+
+
+@dataclass
+class TreeLaws:
+    """One drafted tree and its laws (common tree form, see :meth:`EaModel.tree_laws`)."""
+
+    parents: torch.Tensor
+    tokens: torch.Tensor
+    depth: torch.Tensor
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor
+
+
+#: the parts of ``stats["timing"]`` (seconds)
+TIMING_PARTS = ("draft", "target_forward", "target_laws", "verify", "cache_update", "other")
+
+
+class PartTimer:
+    """Wall time per part of the generation loop, summed over a call.
+
+    CPU: ``time.perf_counter`` between consecutive laps. CUDA: a CUDA event is recorded at every lap
+    (no host synchronisation inside the loop); the events are read once in :meth:`result`. A disabled
+    timer does nothing.
+    """
+
+    def __init__(self, device, enabled: bool = True):
+        self.enabled = enabled
+        self.cuda = enabled and torch.device(device).type == "cuda"
+        self.totals: dict[str, float] = defaultdict(float)
+        self.excluded = 0.0
+        self._events: list = []  # (part, start event, end event)
+        self._last = None
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self) -> None:
+        if self.enabled:
+            self._last = self._mark()
+
+    def lap(self, part: str) -> None:
+        """Charge the time since the previous lap (or start/resume) to ``part``."""
+        if not self.enabled:
+            return
+        now = self._mark()
+        if self.cuda:
+            self._events.append((part, self._last, now))
+        else:
+            self.totals[part] += now - self._last
+        self._last = now
+
+    def pause(self) -> None:
+        """Stop charging: the time until :meth:`resume` is excluded (``excluded``, seconds)."""
+        self.lap("other")
+
+    def resume(self) -> None:
+        self.lap("_excluded")
+
+    def result(self, wall: float) -> dict:
+        """Per-part seconds; ``other`` = ``wall`` minus the named parts and the excluded time."""
+        if not self.enabled:
+            return {}
+        excluded = 0.0
+        if self.cuda:
+            torch.cuda.synchronize()
+            for part, a, b in self._events:
+                dt = a.elapsed_time(b) / 1e3
+                if part == "_excluded":
+                    excluded += dt
+                elif part != "other":
+                    self.totals[part] += dt
+        else:
+            excluded = self.totals.pop("_excluded", 0.0)
+        self.excluded = excluded
+        named = sum(v for k, v in self.totals.items() if k != "other")
+        out = {k: float(self.totals.get(k, 0.0)) for k in TIMING_PARTS if k != "other"}
+        out["other"] = max(wall - excluded - named, 0.0)
+        return out
+
+
+class _NoTimer:
+    def lap(self, part):
+        pass
+
+
+_NO_TIMER = _NoTimer()
+
+
+def _sampling_config(temperature, top_p, top_k) -> SamplingConfig:
+    """The door for sampling parameters: real numbers only (a string or None is refused by name)."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    return SamplingConfig(temperature, top_p, top_k)
 
 
 def _next_token(logits: torch.Tensor, cfg: SamplingConfig, gen) -> int:
@@ -323,3 +551,68 @@ def _next_token(logits: torch.Tensor, cfg: SamplingConfig, gen) -> int:
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------- registry door (compat shims)
+try:  # A moves the drafting rules below eagle.verify
+    from ..rules import DRAFTING_RULES as _DRAFTING_RULES
+except ImportError:  # pragma: no cover - older layout
+    _DRAFTING_RULES = _registry.DRAFTING_RULES
+
+
+def _select_verifier(name, cfg: SamplingConfig):
+    """The verifier of one call, chosen once: temperature 0 -> the registry's temperature-0 verifier.
+
+    Raises:
+        ValueError: an unknown (or empty) name; a temperature-0-only verifier at temperature > 0.
+    """
+    if isinstance(name, str) and not name.strip():
+        raise ValueError("verifier must be a registered name, got an empty string")
+    select = getattr(_registry, "select_verifier", None)
+    if select is not None:
+        return select(name, cfg.temperature)
+    v = get_verifier(name)  # validates the name
+    return _LegacyArgmax() if cfg.greedy else v
+
+
+_VALIDATE_KW: dict = {}
+
+
+def _call(fn, *args, **kwargs):
+    """Call a verifier's ``verify`` / ``outcome_probs`` with ``validate=False`` when it has that switch:
+    the engine built the laws itself (the half-precision upcast still happens inside)."""
+    has = _VALIDATE_KW.get(fn)
+    if has is None:
+        try:
+            has = "validate" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            has = False
+        _VALIDATE_KW[fn] = has
+    if has:
+        kwargs["validate"] = False
+    return fn(*args, **kwargs)
+
+
+class _LegacyArgmax:
+    """Temperature-0 verification until the registry has its "argmax" verifier (longest greedy match)."""
+
+    name = "argmax"
+    drafting = "topk"
+
+    @staticmethod
+    def verify(parents, tokens, target_probs, draft_probs, generator=None):
+        best = greedy_token(target_probs).tolist()
+        par, tok = parents.tolist(), tokens.tolist()
+        node = 0
+        while True:
+            nxt = next((c for c in range(node + 1, len(par)) if par[c] == node and tok[c] == best[node]), None)
+            if nxt is None:
+                return node, best[node]
+            node = nxt
+
+    @classmethod
+    def outcome_probs(cls, parents, tokens, target_probs, draft_probs):
+        node, y = cls.verify(parents, tokens, target_probs, draft_probs)
+        law = torch.zeros_like(target_probs, dtype=torch.float32)
+        law[node, y] = 1.0
+        return law

@@ -68,6 +68,23 @@ class EagleHead(nn.Module):
         layer.input_layernorm = nn.Identity()  # EAGLE-1: attention sees fc's output directly
         self.layers = nn.ModuleList([layer])
         self.rotary_emb = LlamaRotaryEmbedding(config)
+        # float32 master copies of the rotary buffers: a move to float16 must not round the angles
+        # (the target keeps them in float32; see _apply)
+        self._rope_float32 = {k: b.detach().clone().float() for k, b in self.rotary_emb.named_buffers()
+                              if b.is_floating_point()}
+
+    def _apply(self, fn, recurse: bool = True):
+        """``.to(dtype)`` / ``.half()`` cast weights only: the rotary buffers stay float32 (as in the
+        target), moved to the new device. Without this, float16 ``inv_freq`` bends relative angles by
+        ~0.1 rad at distance 512."""
+        out = super()._apply(fn, recurse)
+        for name, master in self._rope_float32.items():
+            cur = getattr(self.rotary_emb, name)
+            if cur.dtype != torch.float32 or cur.device != master.device:
+                master = master.to(cur.device)
+                self._rope_float32[name] = master
+                setattr(self.rotary_emb, name, master.clone())
+        return out
 
     # ------------------------------------------------------------------ forward
     def tie_embeddings(self, embedding: nn.Embedding) -> None:
@@ -140,6 +157,7 @@ class EagleHead(nn.Module):
         has_emb = "embed_tokens.weight" in state
         model = cls(config, with_embeddings=has_emb)
         expected = {k: v.shape for k, v in model.state_dict().items()}
+        floating = {k: v.is_floating_point() for k, v in model.state_dict().items()}
         for k in state:
             if k not in expected:
                 raise CheckpointMismatchError(f"{folder}: unexpected key {k!r} in the head checkpoint "
@@ -150,6 +168,9 @@ class EagleHead(nn.Module):
             if tuple(state[k].shape) != tuple(shape):
                 raise CheckpointMismatchError(f"{folder}: key {k!r} has shape {tuple(state[k].shape)}, "
                                               f"config implies {tuple(shape)}")
+            if floating[k] and not state[k].is_floating_point():
+                raise CheckpointMismatchError(f"{folder}: key {k!r} has dtype {state[k].dtype}, a float "
+                                              "weight is expected")
             if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all()):
                 raise CheckpointMismatchError(f"{folder}: key {k!r} holds NaN or inf values")
         model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)

@@ -1,7 +1,10 @@
 """KV-cache bookkeeping on transformers' public ``DynamicCache``.
 
 After a verification step the cache must hold exactly the committed prefix plus the accepted
-path; these helpers do that with ``crop`` and an ``index_select`` over each layer's keys/values.
+path; :func:`keep_positions` copies only the accepted path's entries down to the end of the prefix
+(in place) and shortens each layer to a view, so a step costs O(path) instead of O(prefix) copies.
+(``DynamicCache`` still concatenates on every forward, an O(prefix) copy that only a preallocated
+cache would remove; see the README's engine notes.)
 """
 from __future__ import annotations
 
@@ -40,12 +43,17 @@ def keep_positions(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
     Args:
         cache: the cache after a tree forward (prefix of ``start`` positions + tree nodes).
         start: committed prefix length (positions).
-        keep: LongTensor ``[k]``, node offsets (relative to ``start``) of the accepted path, increasing.
+        keep: LongTensor ``[k]``, node offsets (relative to ``start``) of the accepted path, increasing
+            (so ``start + keep[j] >= start + j``: copying row by row downwards never overwrites a row
+            still to be read; ``index_select`` makes the k rows first anyway).
     """
-    idx = torch.cat([torch.arange(start, device=keep.device), start + keep]).to(torch.long)
+    k = keep.numel()
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue
-        i = idx.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, i)
-        layer.values = layer.values.index_select(-2, i)
+        i = (start + keep).to(device=layer.keys.device, dtype=torch.long)
+        keys, values = layer.keys, layer.values
+        keys[..., start:start + k, :] = keys.index_select(-2, i)
+        values[..., start:start + k, :] = values.index_select(-2, i)
+        layer.keys = keys[..., :start + k, :]
+        layer.values = values[..., :start + k, :]

@@ -1,5 +1,5 @@
 """Static draft trees: choices data and the buffers derived from them."""
-from .buffers import TreeBuffers, build_tree, subtree_parents
+from .buffers import TreeBuffers, TreePlan, additive_mask, build_tree, path_to_root, subtree_parents
 from .choices import MC_SIM_7B_63, balanced, chain, resolve_tree
 
-__all__ = ["TreeBuffers", "build_tree", "subtree_parents", "MC_SIM_7B_63", "balanced", "chain", "resolve_tree"]
+__all__ = ["TreeBuffers", "TreePlan", "additive_mask", "build_tree", "path_to_root", "subtree_parents", "MC_SIM_7B_63", "balanced", "chain", "resolve_tree"]

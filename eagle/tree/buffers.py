@@ -13,7 +13,7 @@ import torch
 
 from .choices import resolve_tree
 
-__all__ = ["TreeBuffers", "build_tree", "subtree_parents"]
+__all__ = ["TreeBuffers", "TreePlan", "build_tree", "subtree_parents", "additive_mask", "path_to_root"]
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,78 @@ class TreeBuffers:
         itself; other entries are ``finfo(dtype).min``. ``nodes`` (LongTensor ``[n]``) restricts
         the queries and keys to a subset of nodes (closed under ancestors).
         """
-        anc = self.ancestor_mask if nodes is None else self.ancestor_mask[nodes][:, nodes]
-        n = anc.shape[0]
-        visible = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool), anc], dim=1)
-        mask = torch.zeros(n, prefix_len + n, dtype=dtype)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return mask[None, None]
+        anc = self.ancestor_mask if nodes is None else self.ancestor_mask[nodes.cpu()][:, nodes.cpu()]
+        return additive_mask(anc, prefix_len, dtype)
+
+    def on(self, device) -> "TreePlan":
+        """The per-device drafting / verification plan of this tree (built once per device, cached)."""
+        return _plan(self.choices, str(torch.device(device)))
+
+
+def additive_mask(visible: torch.Tensor, prefix_len: int, dtype=torch.float32) -> torch.Tensor:
+    """THE tree attention mask (the drafter and the target forward both use it).
+
+    Args:
+        visible: BoolTensor ``[n, k]``: query i may attend to tree key j (its ancestors and itself).
+        prefix_len: committed positions before the tree keys; every query sees all of them.
+        dtype: float dtype of the mask (the model's).
+
+    Returns:
+        float ``[1, 1, n, prefix_len + k]`` on ``visible.device``: 0 where visible, ``finfo(dtype).min``
+        elsewhere.
+    """
+    n, k = visible.shape
+    mask = torch.zeros(n, prefix_len + k, dtype=dtype, device=visible.device)
+    mask[:, prefix_len:].masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def path_to_root(parents, node: int) -> list[int]:
+    """Node indices from the root (0) down to ``node``, from ``parents`` (list of ints or LongTensor ``[N]``)."""
+    par = parents.tolist() if isinstance(parents, torch.Tensor) else parents
+    path = [int(node)]
+    while par[path[-1]] >= 0:
+        path.append(par[path[-1]])
+    return path[::-1]
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """Drafting plan of one depth: which nodes are expanded and where their children go.
+
+    Attributes:
+        expand: LongTensor ``[e]`` (device): nodes of this depth that have children.
+        visible: BoolTensor ``[e, c + e]`` (device) or None at depth 0: tree keys visible to ``expand`` in
+            the head's forward, the keys being the expanded nodes of depths 1..d-1 (in order, as cached)
+            then ``expand`` itself.
+        groups: tuple of ``(m, rows, child_idx)``: ``rows`` LongTensor ``[g]`` indexes ``expand`` (its
+            nodes with m children), ``child_idx`` LongTensor ``[g, m]`` their children in rank order.
+    """
+
+    expand: torch.Tensor
+    visible: torch.Tensor | None
+    groups: tuple
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """A :class:`TreeBuffers` moved to one device once, plus host lists (no per-cycle transfers).
+
+    Attributes:
+        parents, depth: LongTensor ``[N]`` on the device; ancestor: BoolTensor ``[N, N]`` on the device.
+        parents_list, depth_list: the same on the host (lists of ints).
+        levels: tuple of :class:`LevelPlan`, depth 0..max_depth-1 (levels that have children).
+        path_index: tuple of N LongTensors on the device: root-to-node node indices.
+    """
+
+    device: torch.device
+    parents: torch.Tensor
+    depth: torch.Tensor
+    ancestor: torch.Tensor
+    parents_list: tuple
+    depth_list: tuple
+    levels: tuple
+    path_index: tuple
 
 
 def _validate(choices: list[list[int]]) -> list[tuple[int, ...]]:
@@ -136,11 +202,48 @@ def build_tree(spec) -> TreeBuffers:
     return _build(tuple(tuple(p) for p in choices))
 
 
+@lru_cache(maxsize=64)
+def _plan(key: tuple, device: str) -> TreePlan:
+    t = _build(key)
+    dev = torch.device(device)
+    levels = []
+    cached: list[int] = []
+    for d, level in enumerate(t.levels):
+        expand = [int(v) for v in level if t.children[int(v)]]
+        if not expand:
+            break
+        visible = None
+        if d > 0:
+            cols = cached + expand
+            visible = t.ancestor_mask[expand][:, cols].to(dev)
+            cached = cols
+        by_m: dict[int, list[int]] = {}
+        for r, v in enumerate(expand):
+            by_m.setdefault(len(t.children[v]), []).append(r)
+        groups = tuple((m, torch.tensor(rows, dtype=torch.long, device=dev),
+                        torch.tensor([t.children[expand[r]] for r in rows], dtype=torch.long, device=dev))
+                       for m, rows in sorted(by_m.items()))
+        levels.append(LevelPlan(torch.tensor(expand, dtype=torch.long, device=dev), visible, groups))
+    parents_list = tuple(int(p) for p in t.parents)
+    return TreePlan(
+        device=dev, parents=t.parents.to(dev), depth=t.depth.to(dev), ancestor=t.ancestor_mask.to(dev),
+        parents_list=parents_list, depth_list=tuple(int(x) for x in t.depth), levels=tuple(levels),
+        path_index=tuple(torch.tensor(path_to_root(parents_list, i), dtype=torch.long, device=dev)
+                         for i in range(t.num_nodes)),
+    )
+
+
 def subtree_parents(parents: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Re-index ``parents`` (LongTensor ``[N]``) to the kept nodes ``keep`` (sorted LongTensor ``[n]``,
-    closed under ancestors, containing 0). Returns LongTensor ``[n]`` with -1 for the root."""
-    remap = torch.full((parents.numel(),), -1, dtype=torch.long)
-    remap[keep] = torch.arange(keep.numel())
+    closed under ancestors, containing 0). Returns LongTensor ``[n]`` with -1 for the root, on
+    ``parents.device``.
+
+    Raises:
+        ValueError: ``keep`` is not closed under ancestors.
+    """
+    keep = keep.to(parents.device)
+    remap = torch.full((parents.numel(),), -1, dtype=torch.long, device=parents.device)
+    remap[keep] = torch.arange(keep.numel(), device=parents.device)
     p = parents[keep]
     out = torch.where(p >= 0, remap[p.clamp(min=0)], p)
     if (out[1:] < 0).any():
