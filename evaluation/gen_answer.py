@@ -118,78 +118,224 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _accepted_kwargs(fn) -> set[str]:
+    """Keyword names ``fn`` accepts (``{"*"}`` when it takes ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    names = {p.name for p in params}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        names.add("*")
+    return names
+
+
 def _generate_once(model, input_ids, method: str, *, temperature: float, top_p: float, top_k: int,
-                   max_new_tokens: int, tree: Optional[str], seed: int):
-    """One engine call; returns ``(generated ids list, stats dict, seconds)``."""
+                   max_new_tokens: int, tree: Optional[str], seed: int, on_tokens: Optional[Callable[[int], None]] = None,
+                   expected_tau: bool = True):
+    """One engine call; returns ``(generated ids list, stats dict, seconds)``.
+
+    ``seconds`` is the engine's ``stats["wall_time"]`` (prefill to last token, CUDA synchronised, without
+    the exact-law work of ``expected_tau``), else the wall time measured around the call.
+    ``on_tokens(n)`` is passed to the engine as ``progress=`` when the engine supports it.
+    """
     kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, seed=seed,
               return_stats=True)
+    fn = model.naivegenerate if method == BASELINE else model.eagenerate
+    accepted = _accepted_kwargs(fn)
+    if on_tokens is not None and "progress" in accepted:
+        kw["progress"] = on_tokens
+    if method != BASELINE:
+        kw.update(tree_choices=tree, verifier=method)
+        if expected_tau and "expected_tau" in accepted:
+            kw["expected_tau"] = True
     device = getattr(model, "device", "cpu")
     _sync(device)
     t0 = time.perf_counter()
-    if method == BASELINE:
-        out_ids, stats = model.naivegenerate(input_ids, **kw)
-    else:
-        out_ids, stats = model.eagenerate(input_ids, tree_choices=tree, verifier=method, **kw)
+    out_ids, stats = fn(input_ids, **kw)
     _sync(device)
     seconds = time.perf_counter() - t0
+    stats = dict(stats or {})
+    if "wall_time" in stats:  # the engine's own clock (same sync rules), without its expected-tau work
+        seconds = float(stats["wall_time"])
     new_ids = out_ids[0, input_ids.shape[1]:].tolist()
-    return new_ids, dict(stats or {}), seconds
+    return new_ids, stats, seconds
 
 
 def generate_turns(model, tokenizer, question: dict, method: str, *, temperature: float = 1.0,
                    top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 128,
                    tree: Optional[str] = "2x5", seed: int = 0,
-                   prompt_builder: Optional[Callable[[object, list], list]] = None) -> dict:
+                   prompt_builder: Optional[Callable[[object, list], list]] = None,
+                   on_tokens: Optional[Callable[[int], None]] = None, expected_tau: bool = True) -> dict:
     """Answer every turn of ``question``; returns the Spec-Bench ``choices[0]`` dict.
 
-    Turn k's prompt = chat template of ``[user t1, assistant a1, ..., user tk]`` with the model's own
-    answers (:func:`evaluation.questions.build_messages`). ``prompt_builder(tokenizer, messages) ->
-    list[int]`` overrides the chat template (tests, tokenizer-free models).
+    Turn k's prompt = the prompt format applied to ``[user t1, assistant a1, ..., user tk]`` with the
+    model's own answers (:func:`evaluation.questions.build_messages`). ``prompt_builder(tokenizer,
+    messages) -> list[int]`` (e.g. ``PromptFormat.ids``) defaults to the tokenizer's chat template.
+    ``on_tokens(n)`` is called as tokens are generated (progress bars); after each turn it is topped
+    up to ``max_new_tokens`` so a bar sized ``turns x max_new_tokens`` ends full.
+
+    The choice holds Spec-Bench's keys (``accept_lengths`` ONE flat list over all turns) plus
+    ``new_token_ids`` (per turn), ``timing`` (per turn, the engine's per-part seconds, when reported)
+    and ``expected_accept_lengths`` (flat, when the engine reports them).
     """
     import torch
 
     build = prompt_builder or build_prompt_ids
     device = getattr(model, "device", "cpu")
     choice = {"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [], "wall_time": [],
-              "accept_lengths": []}
+              "accept_lengths": [], "new_token_ids": [], "timing": []}
+    expected: list[float] = []
+    has_expected = True
     for k in range(len(question["turns"])):
         messages = build_messages(question["turns"][: k + 1], choice["turns"])
         ids = build(tokenizer, messages)
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, L]
+        sent = [0]
+
+        def _tick(n: int) -> None:
+            sent[0] += int(n)
+            if on_tokens is not None:
+                on_tokens(int(n))
+
         new_ids, stats, seconds = _generate_once(
             model, input_ids, method, temperature=temperature, top_p=top_p, top_k=top_k,
-            max_new_tokens=max_new_tokens, tree=tree, seed=call_seed(seed, question["question_id"], k))
+            max_new_tokens=max_new_tokens, tree=tree, seed=call_seed(seed, question["question_id"], k),
+            on_tokens=_tick if on_tokens is not None else None, expected_tau=expected_tau)
+        if on_tokens is not None and sent[0] < max_new_tokens:
+            on_tokens(max_new_tokens - sent[0])
         n_new = int(stats.get("new_tokens", len(new_ids)))
-        accept = [int(a) for a in stats.get("accept_lengths", [1] * n_new)]
+        accept = [int(a) for a in stats.get("accept_lengths", [1] * max(n_new - 1, 0))]
         steps = int(stats.get("decoding_steps", len(accept)))
         text = tokenizer.decode(new_ids, skip_special_tokens=True).strip()
         choice["turns"].append(text)
         choice["decoding_steps"].append(steps)
         choice["new_tokens"].append(n_new)
         choice["wall_time"].append(float(seconds))
-        choice["accept_lengths"].append(accept)
+        choice["accept_lengths"].extend(accept)
+        choice["new_token_ids"].append([int(t) for t in new_ids])
+        choice["timing"].append({k2: float(v) for k2, v in (stats.get("timing") or {}).items()})
+        if method == BASELINE:
+            expected.extend([1.0] * len(accept))
+        elif "expected_accept_lengths" in stats:
+            expected.extend(float(x) for x in stats["expected_accept_lengths"][: len(accept)])
+        else:
+            has_expected = False
+    if has_expected:
+        choice["expected_accept_lengths"] = expected
+    if not any(choice["timing"]):
+        del choice["timing"]
     return choice
+
+
+def _head_files(head: Optional[str]) -> list[Path]:
+    if head is None:
+        return []
+    p = Path(str(head))
+    if p.is_dir():
+        return sorted(f for f in p.iterdir() if f.is_file() and (
+            f.suffix == ".safetensors" or f.name.startswith("pytorch_model") and f.suffix == ".bin"))
+    try:  # a hub id already in the local cache
+        from huggingface_hub import try_to_load_from_cache
+
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            f = try_to_load_from_cache(str(head), name)
+            if isinstance(f, str):
+                return [Path(f)]
+    except Exception:  # noqa: BLE001 - provenance must never stop a run
+        pass
+    return []
+
+
+_SHA_CACHE: dict[str, str] = {}
+
+
+def file_sha256(path: os.PathLike | str) -> str:
+    """sha256 (hex) of a file, computed once per process per path."""
+    import hashlib
+
+    key = str(Path(path).resolve())
+    if key not in _SHA_CACHE:
+        h = hashlib.sha256()
+        with open(key, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _SHA_CACHE[key] = h.hexdigest()
+    return _SHA_CACHE[key]
+
+
+def git_commit(repo: os.PathLike | str = Path(__file__).resolve().parents[1]) -> Optional[str]:
+    """``HEAD`` commit of the source tree (``+dirty`` when tracked files differ from it), None outside git."""
+    import subprocess
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        if not sha:
+            return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=repo, capture_output=True,
+                               timeout=10).returncode != 0
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def resolve_head(model_name: str, head: Optional[str]) -> Optional[str]:
+    """The head actually used: ``head``, or the shipped default head for the default model."""
+    if head is None and str(model_name) in ("default", "None"):
+        from eagle.model.default import DEFAULT_HEAD
+
+        return DEFAULT_HEAD
+    return None if head is None else str(head)
+
+
+def provenance(model, model_name: str = "default", head: Optional[str] = None, prompt_format=None) -> dict:
+    """What produced an answer file: model, head path + sha256 of its weight files, commit, versions,
+    dtype, device, torch threads, prompt format. JSON-ready."""
+    import platform
+
+    import torch
+    import transformers
+
+    head_used = resolve_head(model_name, head)
+    dtype = getattr(model, "dtype", None) or getattr(getattr(model, "base_model", None), "dtype", None)
+    return {
+        "model": str(model_name), "head": head_used,
+        "head_sha256": {f.name: file_sha256(f) for f in _head_files(head_used)},
+        "commit": git_commit(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "device": str(getattr(model, "device", "cpu")),
+        "dtype": None if dtype is None else str(dtype), "threads": int(torch.get_num_threads()),
+        "prompt_format": None if prompt_format is None else prompt_format.describe(),
+    }
 
 
 def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike | str, method: str, *,
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, tree: Optional[str] = "2x5",
                      seed: int = 0, max_new_tokens: int = 128, model_name: str = "default",
                      head: Optional[str] = None, tokenizer=None, warmup: bool = True, progress: bool = True,
-                     prompt_builder: Optional[Callable] = None) -> int:
+                     prompt_builder: Optional[Callable] = None, prompt_format=None,
+                     expected_tau: bool = True, run_info: Optional[dict] = None) -> int:
     """Append answers of ``method`` for the questions not yet in ``answer_file``.
 
     Args:
         model: an ``EaModel`` (or any object with ``eagenerate``/``naivegenerate``/``device``).
         questions: selected questions (:func:`evaluation.questions.select_questions`).
         answer_file: JSONL output (created with its folder; existing ids are skipped).
-        method: ``"naive"`` or a verifier name.
+        method: ``"naive"`` or a registered verifier name.
         temperature, top_p, top_k: sampling processing (0 temperature = greedy).
         tree: tree spec passed to the engine (``"2x5"``, ``"mc_sim_7b_63"``, ...); ignored for naive.
         seed: run seed (see :func:`call_seed`).
         max_new_tokens: cap per turn (tokens).
-        model_name, head: written as metadata.
+        model_name, head: ``--model`` / ``--head`` values (provenance).
         tokenizer: defaults to ``model.tokenizer``.
         warmup: run one short untimed generation first (only if something is to be generated).
+        progress: a tqdm bar in tokens (moves within a question).
+        prompt_builder: ``(tokenizer, messages) -> ids``; defaults to ``prompt_format.ids`` or the chat template.
+        prompt_format: :class:`evaluation.templates.PromptFormat` (recorded in the file).
+        expected_tau: ask the engine for the exact expected tokens per cycle (when it supports it).
+        run_info: extra provenance (computed once by the caller; default :func:`provenance`).
 
     Returns:
         Number of questions written by this call.
@@ -199,6 +345,8 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tok is None:
         raise ValueError("no tokenizer: pass tokenizer= or use a model with .tokenizer")
+    if prompt_builder is None and prompt_format is not None:
+        prompt_builder = prompt_format.ids
     tree_used = None if method == BASELINE else tree
     path = Path(answer_file)
     done = read_answered_ids(path)
@@ -207,30 +355,35 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)
     gen_kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, tree=tree_used,
-                  prompt_builder=prompt_builder)
+                  prompt_builder=prompt_builder, expected_tau=expected_tau)
     if warmup:
-        warm_q = {"question_id": -1, "turns": todo[0]["turns"][:1]}
+        warm_q = {"question_id": 0, "turns": todo[0]["turns"][:1]}  # untimed, not written
         generate_turns(model, tok, warm_q, method, max_new_tokens=min(16, max_new_tokens), seed=seed, **gen_kw)
-    device = getattr(model, "device", "cpu")
-    dtype = getattr(model, "dtype", None) or getattr(getattr(model, "base_model", None), "dtype", None)
+    info = dict(run_info) if run_info is not None else provenance(model, model_name, head, prompt_format)
     model_id = f"{Path(str(model_name)).name}-{method}-temp{_fmt_temp(temperature)}" + (
         f"-{tree_used}" if tree_used else "")
     written = 0
     label = f"{method} T={_fmt_temp(temperature)}" + (f" {tree_used}" if tree_used else "") + f" seed={seed}"
-    with open(path, "a", encoding="utf-8") as f:
-        for q in tqdm(todo, desc=label, disable=not progress, unit="q"):
-            choice = generate_turns(model, tok, q, method, max_new_tokens=max_new_tokens, seed=seed, **gen_kw)
-            rec = {
-                "question_id": q["question_id"], "category": q["category"], "answer_id": uuid.uuid4().hex,
-                "model_id": model_id, "choices": [choice], "tstamp": time.time(),
-                "model": str(model_name), "head": None if head is None else str(head), "method": method,
-                "seed": int(seed), "temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k),
-                "tree": tree_used, "max_new_tokens": int(max_new_tokens), "device": str(device),
-                "dtype": None if dtype is None else str(dtype),
-            }
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            f.flush()
-            written += 1
+    total = sum(len(q["turns"]) for q in todo) * int(max_new_tokens)
+    bar = tqdm(total=total, desc=label, disable=not progress, unit="tok", dynamic_ncols=True)
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            for i, q in enumerate(todo):
+                bar.set_postfix_str(f"question {i + 1}/{len(todo)}", refresh=False)
+                choice = generate_turns(model, tok, q, method, max_new_tokens=max_new_tokens, seed=seed,
+                                        on_tokens=bar.update, **gen_kw)
+                rec = {
+                    "question_id": q["question_id"], "category": q["category"], "answer_id": uuid.uuid4().hex,
+                    "model_id": model_id, "choices": [choice], "tstamp": time.time(),
+                    **info, "method": method, "seed": int(seed), "temperature": float(temperature),
+                    "top_p": float(top_p), "top_k": int(top_k), "tree": tree_used,
+                    "max_new_tokens": int(max_new_tokens),
+                }
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.flush()
+                written += 1
+    finally:
+        bar.close()
     return written
 
 

@@ -1,14 +1,14 @@
 """The paper's tables from :mod:`evaluation.speed` JSON, as Markdown (.md) and JSON (.json).
 
-* **Table 1/2 layout** (one temperature, one tree): rows = methods (RRSw, Traversal, Greedy, UniVer);
-  columns = tau per category group (MT-bench, Translation, Summarization, QA, Math, RAG), the average
-  tau ("Avg": mean of the category columns), its change over RRSw in percent
-  (``100 * (avg / avg_rrsw - 1)``, from the seed means), mean tokens/s over all questions and the
-  speedup over the autoregressive baseline (``naive``). A footer gives the baseline's tokens/s.
-* **Table 3 layout**: rows = (temperature, tree), columns = methods, cells = average tau.
-
-Cells are ``mean ± std`` (population std over seeds, ddof=0) when a run has several seeds, else the
-mean alone. tau with 2 decimals, tokens/s with 1, speedup with 2 and a trailing ``x``.
+* **Table 1/2 layout** (one temperature, one tree): rows = methods (every method run in the JSON,
+  the paper's order first); columns = tau per category group (MT-bench, Translation, Summarization,
+  QA, Math, RAG), "Avg" (mean of the group columns, the ONE tau of :mod:`evaluation.speed`), its
+  change over the reference (RRSw) in percent, mean tokens/s over all questions and the speedup over
+  plain decoding. Cells are ``mean ± SE`` (bootstrap standard error over questions, paired across
+  methods for the Delta column); the mean alone when the SE is unknown (a group with one question).
+  Below it, when the engine reported them, the same layout for the Rao-Blackwellised tau (exact
+  E[tokens per cycle | drafted tree] at every cycle of the same runs) and the time breakdown.
+* **Table 3 layout**: rows = (temperature, tree), columns = methods, cells = Avg tau ± SE.
 
 Command line::
 
@@ -23,14 +23,27 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["METHOD_LABELS", "GROUP_LABELS", "DEFAULT_METHODS", "table1", "render_table1", "table3",
-           "render_table3", "main"]
+__all__ = ["METHOD_LABELS", "GROUP_LABELS", "PART_LABELS", "method_label", "order_methods", "table1",
+           "render_table1", "render_timing", "table3", "render_table3", "main"]
 
-DEFAULT_METHODS = ("rrsw", "traversal", "greedy", "univer")
+#: display names; a verifier without an entry is shown by its registry name
 METHOD_LABELS = {"rrsw": "RRSw", "traversal": "Traversal", "greedy": "Greedy", "univer": "UniVer",
-                 "naive": "Autoregressive"}
+                 "naive": "Autoregressive", "argmax": "Argmax (T=0)"}
 GROUP_LABELS = {"mt_bench": "MT-bench", "translation": "Translation", "summarization": "Summarization",
                 "qa": "QA", "math_reasoning": "Math", "rag": "RAG"}
+PART_LABELS = {"draft": "Drafting", "target_forward": "Target forward", "target_laws": "Target laws",
+               "verify": "Verification", "cache_update": "Cache update", "other": "Other"}
+_PAPER_ORDER = ("rrsw", "traversal", "greedy", "univer")
+
+
+def method_label(m: str) -> str:
+    return METHOD_LABELS.get(m, m)
+
+
+def order_methods(methods) -> list[str]:
+    """The paper's four in its order, then any other method sorted by name."""
+    ms = list(dict.fromkeys(methods))
+    return [m for m in _PAPER_ORDER if m in ms] + sorted(m for m in ms if m not in _PAPER_ORDER)
 
 
 def _find(speed: dict, method: str, temperature: float, tree: Optional[str]) -> Optional[dict]:
@@ -41,80 +54,145 @@ def _find(speed: dict, method: str, temperature: float, tree: Optional[str]) -> 
     return None
 
 
-def _cell(ms: Optional[dict], digits: int, n_seeds: int, suffix: str = "") -> str:
+def _cell(ms: Optional[dict], digits: int, suffix: str = "", sign: bool = False) -> str:
     if not ms or ms.get("mean") is None:
         return "-"
-    if n_seeds > 1:
-        return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}{suffix}"
-    return f"{ms['mean']:.{digits}f}{suffix}"
+    fmt = f"{{:{'+' if sign else ''}.{digits}f}}"
+    txt = fmt.format(ms["mean"]) + suffix
+    if ms.get("se") is not None:
+        txt += f" ± {ms['se']:.{digits}f}"
+    return txt
 
 
 def table1(speed: dict, temperature: Optional[float] = None, tree: Optional[str] = None,
-           methods: Sequence[str] = DEFAULT_METHODS, reference: str = "rrsw") -> dict:
+           methods: Optional[Sequence[str]] = None, reference: Optional[str] = None) -> dict:
     """Structured Table 1/2 for one (temperature, tree); defaults: the first non-baseline run's.
 
+    Args:
+        methods: rows; default every non-baseline method of that configuration in the JSON.
+        reference: the Delta column's method (default the JSON's ``reference``, ``rrsw``).
+
     Returns:
-        ``{"temperature", "tree", "groups", "rows": [{"method", "n_seeds", "tau": {group: {mean,std}},
-        "avg_tau", "delta_pct", "tokens_per_s", "speedup"}], "baseline": {"tokens_per_s", "n_seeds"} | None}``
-        (missing methods are left out).
+        ``{"temperature", "tree", "groups", "reference", "n_seeds", "n_questions": {group: int},
+        "rows": [{"method", "n_seeds", "tau": {group: {mean,std,se}}, "avg_tau", "tau_expected": {...},
+        "avg_tau_expected", "delta_pct", "delta_pct_expected", "tokens_per_s", "speedup", "timing"}],
+        "baseline": {"tokens_per_s", "n_seeds"} | None}``.
+
+    Raises:
+        ValueError: no method run in the JSON.
     """
     base_name = speed.get("baseline", "naive")
+    reference = reference or speed.get("reference", "rrsw")
     if temperature is None or tree is None:
         first = next((r for r in speed["runs"] if r["method"] != base_name), None)
         if first is None:
             raise ValueError("no method runs in the speed JSON")
         temperature = first["temperature"] if temperature is None else temperature
         tree = first["tree"] if tree is None else tree
+    if methods is None:
+        methods = order_methods(r["method"] for r in speed["runs"] if r["method"] != base_name
+                                and abs(float(r["temperature"]) - float(temperature)) < 1e-9 and r["tree"] == tree)
     groups = list(speed["groups"])
     rows = []
+    n_q: dict[str, int] = {}
     for m in methods:
         r = _find(speed, m, temperature, tree)
         if r is None:
             continue
         s = r["summary"]
+        d = r.get("delta_pct") or {}
+        for g in groups:
+            seed0 = next(iter(r["per_seed"].values()), {})
+            if g in seed0:
+                n_q[g] = seed0[g]["n_questions"]
         rows.append({"method": m, "n_seeds": len(r["seeds"]),
                      "tau": {g: s[g]["tau"] for g in groups if g in s},
-                     "avg_tau": s["avg"]["tau"], "tokens_per_s": s["overall"]["speed"],
-                     "speedup": s["overall"]["speedup"], "delta_pct": None})
-    ref = next((row for row in rows if row["method"] == reference), None)
-    if ref is not None:
-        for row in rows:
-            if row is not ref:
-                row["delta_pct"] = 100.0 * (row["avg_tau"]["mean"] / ref["avg_tau"]["mean"] - 1.0)
+                     "avg_tau": s["avg"]["tau"],
+                     "tau_expected": {g: s[g].get("tau_expected") for g in groups if g in s},
+                     "avg_tau_expected": s["avg"].get("tau_expected"),
+                     "delta_pct": d.get("tau"), "delta_pct_expected": d.get("tau_expected"),
+                     "tokens_per_s": s["overall"]["speed"], "speedup": s["overall"]["speedup"],
+                     "timing": r.get("timing")})
     b = _find(speed, base_name, temperature, None)
     baseline = None if b is None else {"tokens_per_s": b["summary"]["overall"]["speed"], "n_seeds": len(b["seeds"])}
     return {"temperature": float(temperature), "tree": tree, "groups": groups, "reference": reference,
-            "rows": rows, "baseline": baseline}
+            "n_seeds": max([r["n_seeds"] for r in rows] or [0]), "n_questions": n_q, "rows": rows,
+            "baseline": baseline, "bootstrap": speed.get("bootstrap")}
 
 
-def render_table1(t: dict) -> str:
-    """Markdown of :func:`table1`'s result (title line, table, footer line), ending in a newline."""
+def _tau_table(t: dict, key: str, avg_key: str, delta_key: str) -> list[str]:
     heads = ([GROUP_LABELS.get(g, g) for g in t["groups"]]
-             + ["Avg τ", f"Δ vs {METHOD_LABELS.get(t['reference'], t['reference'])}", "Tokens/s", "Speedup"])
-    lines = [f"Temperature {t['temperature']:g}, tree {t['tree']}: τ = tokens per target forward",
-             "",
-             "| Method | " + " | ".join(heads) + " |",
-             "|---|" + "---:|" * len(heads)]
+             + ["Avg τ", f"Δ vs {method_label(t['reference'])}", "Tokens/s", "Speedup"])
+    lines = ["| Method | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for row in t["rows"]:
-        n = row["n_seeds"]
-        cells = [_cell(row["tau"].get(g), 2, n) for g in t["groups"]]
-        cells.append(_cell(row["avg_tau"], 2, n))
-        cells.append("-" if row["delta_pct"] is None else f"{row['delta_pct']:+.1f}%")
-        cells.append(_cell(row["tokens_per_s"], 1, n))
-        cells.append(_cell(row["speedup"], 2, n, "x"))
-        lines.append(f"| {METHOD_LABELS.get(row['method'], row['method'])} | " + " | ".join(cells) + " |")
-    lines.append("")
-    b = t["baseline"]
-    base_txt = ("no autoregressive baseline" if b is None else
-                f"autoregressive baseline {_cell(b['tokens_per_s'], 1, b['n_seeds'])} tokens/s")
-    n_seeds = max([r["n_seeds"] for r in t["rows"]] or [1])
-    lines.append(f"Avg = mean of the category columns; {base_txt}; ± = std over {n_seeds} seed(s) (ddof=0).")
+        cells = [_cell(row[key].get(g), 2) for g in t["groups"]]
+        cells.append(_cell(row[avg_key], 2))
+        cells.append("-" if row["method"] == t["reference"] else _cell(row[delta_key], 1, "%", sign=True))
+        cells.append(_cell(row["tokens_per_s"], 1))
+        cells.append(_cell(row["speedup"], 2, "x"))
+        lines.append(f"| {method_label(row['method'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_timing(t: dict) -> str:
+    """Markdown of the time breakdown of Table 1's rows ('' when no row has engine timing)."""
+    rows = [r for r in t["rows"] if r.get("timing")]
+    if not rows:
+        return ""
+    parts = [p for p in PART_LABELS if any(p in r["timing"]["seconds"] for r in rows)]
+    extra = sorted({p for r in rows for p in r["timing"]["seconds"]} - set(parts))
+    parts += extra
+    lines = ["Where the time goes (engine per-part timing, share of the timed parts; summed over all turns)", "",
+             "| Method | " + " | ".join(PART_LABELS.get(p, p) for p in parts) + " | Timed s | Wall s |",
+             "|---|" + "---:|" * (len(parts) + 2)]
+    for r in rows:
+        tm = r["timing"]
+        cells = [("-" if tm["share"].get(p) is None else f"{100 * tm['share'][p]:.0f}%") for p in parts]
+        cells += [f"{sum(tm['seconds'].values()):.1f}", f"{tm['wall_time']:.1f}"]
+        lines.append(f"| {method_label(r['method'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def table3(speed: dict, methods: Sequence[str] = DEFAULT_METHODS) -> dict:
-    """Structured Table 3: ``{"methods", "rows": [{"temperature", "tree", "avg_tau": {method: {mean,std}},
+def render_table1(t: dict, note: Optional[str] = None) -> str:
+    """Markdown of :func:`table1`'s result: title, the sampled-tau table, footer; then (when present) the
+    Rao-Blackwellised table and the time breakdown. Ends in a newline."""
+    nq = t.get("n_questions") or {}
+    nq_txt = ", ".join(f"{GROUP_LABELS.get(g, g)} {n}" for g, n in nq.items())
+    title = (f"Temperature {t['temperature']:g}, tree {t['tree']}: τ = mean accepted tokens per decoding step "
+             f"(accepted draft tokens + 1), per category group; Avg = mean of the groups")
+    lines = ([f"**{note}**", ""] if note else []) + [title, ""]
+    lines += _tau_table(t, "tau", "avg_tau", "delta_pct")
+    lines.append("")
+    b = t["baseline"]
+    base_txt = ("no plain-decoding baseline" if b is None else
+                f"plain decoding (autoregressive) {_cell(b['tokens_per_s'], 1)} tokens/s")
+    boot = t.get("bootstrap") or {}
+    any_se = any((row["avg_tau"] or {}).get("se") is not None for row in t["rows"])
+    err_txt = (f"± = bootstrap standard error over questions ({boot.get('resamples', '?')} resamples, stratified "
+               f"by group, paired across methods for Δ)" if any_se else
+               "no errors shown: a group has fewer than 2 questions (nothing to resample)")
+    lines.append(f"Questions per group: {nq_txt or '-'}; seeds: {t['n_seeds']}; {base_txt}; {err_txt}.")
+    stds = [(row["method"], (row["avg_tau"] or {}).get("std")) for row in t["rows"]]
+    if t["n_seeds"] > 1 and any(s is not None for _, s in stds):
+        lines.append("Std of Avg τ over seeds (ddof=1): " + ", ".join(
+            f"{method_label(m)} {s:.3f}" for m, s in stds if s is not None) + ".")
+    if any(row["avg_tau_expected"] for row in t["rows"]):
+        lines += ["", "Rao-Blackwellised τ of the same runs: at every cycle the exact E[tokens per cycle | drafted "
+                      "tree] from the verifier's outcome law (same definitions; agrees with τ above within errors)",
+                  ""]
+        lines += _tau_table(t, "tau_expected", "avg_tau_expected", "delta_pct_expected")
+    timing = render_timing(t)
+    if timing:
+        lines += ["", timing.rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def table3(speed: dict, methods: Optional[Sequence[str]] = None) -> dict:
+    """Structured Table 3: ``{"methods", "rows": [{"temperature", "tree", "avg_tau": {method: {mean,std,se}},
     "n_seeds": {method: int}}]}`` over every (temperature, tree) with at least one method run."""
+    base = speed.get("baseline", "naive")
+    if methods is None:
+        methods = order_methods(r["method"] for r in speed["runs"] if r["method"] != base)
     configs = sorted({(float(r["temperature"]), r["tree"]) for r in speed["runs"]
                       if r["method"] in methods and r["tree"] is not None}, key=lambda c: (c[0], str(c[1])))
     rows = []
@@ -131,11 +209,11 @@ def table3(speed: dict, methods: Sequence[str] = DEFAULT_METHODS) -> dict:
 
 def render_table3(t: dict) -> str:
     """Markdown of :func:`table3`'s result, ending in a newline."""
-    lines = ["Average τ by temperature and tree", "",
-             "| Temperature | Tree | " + " | ".join(METHOD_LABELS.get(m, m) for m in t["methods"]) + " |",
+    lines = ["Avg τ (mean of the category groups) by temperature and tree; ± = bootstrap SE over questions", "",
+             "| Temperature | Tree | " + " | ".join(method_label(m) for m in t["methods"]) + " |",
              "|---:|---|" + "---:|" * len(t["methods"])]
     for row in t["rows"]:
-        cells = [_cell(row["avg_tau"].get(m), 2, row["n_seeds"].get(m, 1)) for m in t["methods"]]
+        cells = [_cell(row["avg_tau"].get(m), 2) for m in t["methods"]]
         lines.append(f"| {row['temperature']:g} | {row['tree']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -151,13 +229,14 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     ap.add_argument("speed_json")
     ap.add_argument("--temperature", type=float, default=None, help="Table 1: temperature (default: first run's)")
     ap.add_argument("--tree", default=None, help="Table 1: tree (default: first run's)")
-    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    ap.add_argument("--methods", nargs="+", default=None, help="rows (default: every method in the JSON)")
+    ap.add_argument("--note", default=None, help="a bold line above Table 1 (e.g. 'SMOKE RUN')")
     ap.add_argument("--out-prefix", default=None,
                     help="write PREFIX1.md/.json and PREFIX3.md/.json (e.g. runs/x/table -> runs/x/table1.md)")
     args = ap.parse_args(argv)
     speed = json.loads(Path(args.speed_json).read_text(encoding="utf-8"))
     t1 = table1(speed, args.temperature, args.tree, args.methods)
-    md1 = render_table1(t1)
+    md1 = render_table1(t1, args.note)
     t3 = table3(speed, args.methods)
     md3 = render_table3(t3)
     if args.out_prefix:

@@ -1,17 +1,24 @@
-"""Spec-Bench metrics on hand-made answer files with known tau, tokens/s, speedup and std."""
+"""Spec-Bench metrics on hand-made answer files: one tau definition, known bootstrap errors, Spec-Bench's format."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from evaluation import speed
 
 
-def _rec(qid, cat, method, seed, new_tokens, wall, accepts, tree="2x5"):
+def _rec(qid, cat, method, seed, new_tokens, wall, accepts, tree="2x5", expected=None, timing=None):
+    """A record in our (Spec-Bench) format: ``accepts`` per turn, written as ONE flat list."""
+    choice = {"index": 0, "turns": ["a"] * len(new_tokens), "decoding_steps": [len(a) for a in accepts],
+              "new_tokens": new_tokens, "wall_time": wall, "accept_lengths": [x for a in accepts for x in a]}
+    if expected is not None:
+        choice["expected_accept_lengths"] = expected
+    if timing is not None:
+        choice["timing"] = timing
     return {"question_id": qid, "category": cat, "answer_id": "x", "model_id": "m", "tstamp": 0.0,
             "method": method, "seed": seed, "temperature": 1.0, "tree": None if method == "naive" else tree,
-            "choices": [{"index": 0, "turns": ["a"] * len(new_tokens), "decoding_steps": [len(a) for a in accepts],
-                         "new_tokens": new_tokens, "wall_time": wall, "accept_lengths": accepts}]}
+            "choices": [choice]}
 
 
 def _write(path, recs):
@@ -28,8 +35,10 @@ def answers(tmp_path):
         _rec(161, "translation", "naive", 0, [20], [1.0], [[1] * 19])])
     # univer seed 0: speeds 20 and 40; taus mt 3, translation 1.5
     _write(d / "univer-temp1-2x5-seed0.jsonl", [
-        _rec(81, "writing", "univer", 0, [10, 10], [0.5, 0.5], [[2, 3], [4]]),
-        _rec(161, "translation", "univer", 0, [20], [0.5], [[1, 2]])])
+        _rec(81, "writing", "univer", 0, [10, 10], [0.5, 0.5], [[2, 3], [4]],
+             timing=[{"draft": 0.2, "target_forward": 0.2, "verify": 0.05, "other": 0.05}] * 2),
+        _rec(161, "translation", "univer", 0, [20], [0.5], [[1, 2]],
+             timing=[{"draft": 0.2, "target_forward": 0.2, "verify": 0.05, "other": 0.05}])])
     # univer seed 1 (no baseline seed 1 -> baseline mean over its seeds): speeds 10 and 40; taus 3 and 2
     _write(d / "univer-temp1-2x5-seed1.jsonl", [
         _rec(81, "writing", "univer", 1, [10, 10], [1.0, 1.0], [[3, 3], [3]]),
@@ -39,28 +48,29 @@ def answers(tmp_path):
 
 
 def test_question_speed_and_flat_accepts():
-    c = {"new_tokens": [10, 30], "wall_time": [1.0, 3.0], "accept_lengths": [[1, 2], [3]]}
+    c = {"new_tokens": [10, 30], "wall_time": [1.0, 3.0], "accept_lengths": [1, 2, 3]}
     assert speed.question_speed(c) == pytest.approx(10.0)
     assert speed.flat_accept_lengths(c) == [1, 2, 3]
-    assert speed.flat_accept_lengths({"accept_lengths": [1, 2, 3]}) == [1, 2, 3]  # Spec-Bench's flat form
+    assert speed.flat_accept_lengths({"accept_lengths": [[1, 2], [3]]}) == [1, 2, 3]  # older nested files
 
 
-def test_run_metrics_known_values(answers):
+def test_one_tau_definition(answers):
     recs = speed.load_answers(answers / "univer-temp1-2x5-seed0.jsonl")
     m = speed.run_metrics(recs)
-    assert list(m) == ["mt_bench", "translation", "overall", "avg"]
-    assert m["mt_bench"]["tau"] == pytest.approx(3.0)
+    assert list(m) == ["mt_bench", "translation", "avg", "pooled", "overall"]
+    assert m["mt_bench"]["tau"] == pytest.approx(3.0) == speed.group_tau(recs[:1])
     assert m["translation"]["tau"] == pytest.approx(1.5)
-    assert m["overall"]["tau"] == pytest.approx(12 / 5)   # pooled over all 5 steps
-    assert m["avg"]["tau"] == pytest.approx(2.25)         # mean of the category columns
+    assert m["avg"]["tau"] == pytest.approx(2.25)            # mean of the category groups: THE headline tau
+    assert m["overall"]["tau"] == m["avg"]["tau"]            # the same number wherever "tau" is printed
+    assert m["pooled"]["tau"] == pytest.approx(12 / 5)       # all steps pooled: labelled, never the headline
     assert m["mt_bench"]["speed"] == pytest.approx(20.0)
     assert m["overall"]["speed"] == pytest.approx(30.0)
     assert m["overall"]["n_steps"] == 5 and m["overall"]["n_questions"] == 2
 
 
-def test_summarize_speedup_and_std(answers):
-    res = speed.summarize(speed.collect_runs([answers]))
-    assert res["std_ddof"] == 0 and res["groups"] == ["mt_bench", "translation"]
+def test_summarize_speedup_std_and_timing(answers):
+    res = speed.summarize(speed.collect_runs([answers]), n_boot=200)
+    assert res["std_ddof"] == 1 and res["groups"] == ["mt_bench", "translation"]
     naive, univer = res["runs"]
     assert naive["method"] == "naive" and naive["tree"] is None
     assert naive["summary"]["overall"]["speedup"]["mean"] == pytest.approx(1.0)
@@ -70,21 +80,103 @@ def test_summarize_speedup_and_std(answers):
     assert s0["mt_bench"]["speedup"] == pytest.approx(2.0)
     assert s1["overall"]["speedup"] == pytest.approx(25 / 15)   # baseline mean over its seeds
     assert s1["translation"]["n_questions"] == 1                # duplicate question id counted once
-    tau = univer["summary"]["overall"]["tau"]
-    assert tau["mean"] == pytest.approx(2.5) and tau["std"] == pytest.approx(0.1)  # ddof=0
-    sp = univer["summary"]["overall"]["speedup"]
-    assert sp["mean"] == pytest.approx((2 + 25 / 15) / 2) and sp["std"] == pytest.approx((2 - 25 / 15) / 2)
+    tau = univer["summary"]["avg"]["tau"]                       # seed taus 2.25 and 2.5
+    assert tau["mean"] == pytest.approx(2.375) and tau["std"] == pytest.approx(0.125 * math.sqrt(2))  # ddof=1
+    assert tau["se"] is None        # one question per group: no bootstrap error (unknown, not zero)
+    assert s0["mt_bench"]["tau_se"] is None
+    t = univer["timing"]
+    assert t["seconds"] == pytest.approx({"draft": 0.6, "target_forward": 0.6, "verify": 0.15, "other": 0.15})
+    assert sum(t["share"].values()) == pytest.approx(1.0) and t["share"]["draft"] == pytest.approx(0.4)
+    assert naive["timing"] is None
+    assert speed.speed_sentence(univer) == ("univer on tree 2x5 generated 1.83x as many tokens per second as "
+                                            "plain decoding (83% faster).")
 
 
-def test_mean_std():
-    assert speed.mean_std([1.0]) == {"mean": 1.0, "std": 0.0}
-    assert speed.mean_std([1.0, 3.0])["std"] == pytest.approx(1.0)
-    assert speed.mean_std([1.0, 3.0], ddof=1)["std"] == pytest.approx(math.sqrt(2))
+def test_single_seed_has_no_std():
+    assert speed.mean_std([1.0]) == {"mean": 1.0, "std": None, "se": None}
+    assert speed.mean_std([1.0, 3.0])["std"] == pytest.approx(math.sqrt(2))
+    assert speed.mean_std([1.0, 3.0], [0.3, 0.4])["se"] == pytest.approx(0.25)
 
 
-def test_cli_writes_json(answers, tmp_path, capsys):
+def _group_file(path, values_by_group, method="rrsw", seed=0):
+    """One single-step, single-turn question per value (tau of a question = its value)."""
+    recs, qid = [], 1000
+    for cat, vals in values_by_group.items():
+        for v in vals:
+            recs.append(_rec(qid, cat, method, seed, [v + 1], [1.0], [[v]]))
+            qid += 1
+    _write(path, recs)
+
+
+def test_bootstrap_known_interval(tmp_path):
+    # two questions with tau 1 and 3: resampling 2 of 2 gives 1, 2, 3 with probabilities 1/4, 1/2, 1/4,
+    # so the bootstrap SE is sqrt(1/2) and the 95% percentile interval is [1, 3]
+    _group_file(tmp_path / "a.jsonl", {"qa": [1, 3]})
+    res = speed.bootstrap_run_set({"rrsw": speed.load_answers(tmp_path / "a.jsonl")}, n_boot=20000, seed=1)
+    e = res["rrsw"]["qa"]
+    assert e["tau_se"] == pytest.approx(math.sqrt(0.5), rel=0.03)
+    assert e["tau_ci95"] == [1.0, 3.0]
+    # four questions 1, 2, 3, 6: ideal bootstrap SE of a mean = sqrt(sum (x - mean)^2) / n = sqrt(14) / 4
+    _group_file(tmp_path / "b.jsonl", {"qa": [1, 2, 3, 6], "rag": [2, 2, 2, 2]})
+    res = speed.bootstrap_run_set({"rrsw": speed.load_answers(tmp_path / "b.jsonl")}, n_boot=20000, seed=2)["rrsw"]
+    assert res["qa"]["tau_se"] == pytest.approx(math.sqrt(14) / 4, rel=0.03)
+    assert res["rag"]["tau_se"] == 0.0                              # no spread: exactly zero
+    assert res["avg"]["tau_se"] == pytest.approx(math.sqrt(14) / 8, rel=0.03)  # Avg = (qa + rag) / 2
+
+
+def test_bootstrap_paired_delta(tmp_path):
+    # univer = rrsw + 0.5 on every question: the paired delta has a much smaller error than either tau
+    _group_file(tmp_path / "r.jsonl", {"qa": [1, 2, 3, 6], "rag": [1, 4, 2, 5]})
+    recs_r = speed.load_answers(tmp_path / "r.jsonl")
+    recs_u = json.loads(json.dumps(recs_r))
+    for r in recs_u:
+        r["method"] = "univer"
+        r["choices"][0]["accept_lengths"] = [a + 0.5 for a in r["choices"][0]["accept_lengths"]]
+    res = speed.bootstrap_run_set({"rrsw": recs_r, "univer": recs_u}, n_boot=4000, seed=0)
+    assert res["univer"]["delta_pct"]["tau_se"] < 0.5 * 100 * res["rrsw"]["avg"]["tau_se"] / 3.0
+    assert res["rrsw"]["delta_pct"] is None
+
+
+def test_cli_writes_json_and_prints_the_same_tau(answers, tmp_path, capsys):
     out = tmp_path / "speed.json"
-    speed.main([str(answers), "--out", str(out)])
+    speed.main([str(answers), "--out", str(out), "--bootstrap", "50"])
     data = json.loads(out.read_text())
     assert [r["method"] for r in data["runs"]] == ["naive", "univer"]
-    assert "univer" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Avg tau 2.38" in printed and "all steps pooled" in printed
+
+
+def specbench_speed(jsonl_file, jsonl_file_base, tokenize, task):
+    """The computation of Spec-Bench's evaluation/speed.py (``speed()``), restated: filter by task, extend
+    ``accept_lengths`` per record, mean tokens/s, baseline tokens by re-tokenising each turn (length - 1)."""
+    mt = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+
+    def _read(path):
+        out = []
+        for line in open(path, encoding="utf-8"):
+            o = json.loads(line)
+            if task == "overall" or (task == "mt_bench" and o["category"] in mt) or o["category"] == task:
+                out.append(o)
+        return out
+
+    speeds, accept = [], []
+    for d in _read(jsonl_file):
+        speeds.append(sum(d["choices"][0]["new_tokens"]) / sum(d["choices"][0]["wall_time"]))
+        accept.extend(d["choices"][0]["accept_lengths"])
+    speeds0 = []
+    for d in _read(jsonl_file_base):
+        tokens = sum(len(tokenize(t)) - 1 for t in d["choices"][0]["turns"])
+        speeds0.append(tokens / sum(d["choices"][0]["wall_time"]))
+    return np.array(speeds).mean(), np.array(speeds0).mean(), np.array(speeds).mean() / np.array(speeds0).mean(), \
+        np.mean(accept)
+
+
+def test_specbench_speed_reads_our_two_turn_files(answers):
+    tokenize = lambda text: [0] + [1] * len(text)  # noqa: E731  (BOS + one id per character)
+    meth, base = answers / "univer-temp1-2x5-seed0.jsonl", answers / "naive-temp1-seed0.jsonl"
+    ours = speed.run_metrics(speed.load_answers(meth))
+    for task in ("mt_bench", "translation", "overall"):
+        tps, tps0, ratio, mean_acc = specbench_speed(meth, base, tokenize, task)
+        key = "pooled" if task == "overall" else task
+        assert mean_acc == pytest.approx(ours[key]["tau"])
+        assert tps == pytest.approx(ours["overall" if task == "overall" else task]["speed"])
