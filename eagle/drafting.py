@@ -165,7 +165,8 @@ class EagleTreeDrafter:
                     tokens[child_idx.flatten()] = kids.flatten().to(device)
         finally:
             truncate_cache(head_cache, committed)
-        finite = torch.isfinite(torch.stack(extremes)).all() if extremes else torch.ones((), dtype=torch.bool)
+        finite = (torch.isfinite(torch.stack(extremes)).all() if extremes
+                  else torch.ones((), dtype=torch.bool, device=device))
         host = torch.cat([tokens, finite.to(device=device, dtype=torch.long)[None]]).tolist()  # the one sync
         if not host[-1]:
             raise ValueError("draft logits (head output) contain NaN or inf")

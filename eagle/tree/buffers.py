@@ -58,7 +58,11 @@ class TreeBuffers:
         itself; other entries are ``finfo(dtype).min``. ``nodes`` (LongTensor ``[n]``) restricts
         the queries and keys to a subset of nodes (closed under ancestors).
         """
-        anc = self.ancestor_mask if nodes is None else self.ancestor_mask[nodes.cpu()][:, nodes.cpu()]
+        if nodes is None:
+            anc = self.ancestor_mask
+        else:
+            nodes = nodes.to("cpu")
+            anc = self.ancestor_mask[nodes][:, nodes]
         return additive_mask(anc, prefix_len, dtype)
 
     def on(self, device) -> "TreePlan":
@@ -158,15 +162,16 @@ def _build(key: tuple) -> TreeBuffers:
     for i, t in enumerate(paths):
         index[t] = i + 1
     n = len(paths) + 1
-    parents = torch.full((n,), -1, dtype=torch.long)
-    depth = torch.zeros(n, dtype=torch.long)
-    rank = torch.zeros(n, dtype=torch.long)
+    cpu = torch.device("cpu")  # explicit: the buffers live on the host whatever the default device
+    parents = torch.full((n,), -1, dtype=torch.long, device=cpu)
+    depth = torch.zeros(n, dtype=torch.long, device=cpu)
+    rank = torch.zeros(n, dtype=torch.long, device=cpu)
     children = [[] for _ in range(n)]
     for t in paths:
         i, par = index[t], index[t[:-1]]
         parents[i], depth[i], rank[i] = par, len(t), t[-1]
         children[par].append(i)  # paths are sorted, so ranks come in order
-    anc = torch.zeros(n, n, dtype=torch.bool)
+    anc = torch.zeros(n, n, dtype=torch.bool, device=cpu)
     for i in range(n):
         j = i
         while j >= 0:
@@ -175,13 +180,13 @@ def _build(key: tuple) -> TreeBuffers:
     max_depth = int(depth.max())
     levels = tuple(torch.nonzero(depth == d).flatten() for d in range(max_depth + 1))
     leaves = [i for i in range(n) if not children[i]]
-    rp = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
+    rp = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long, device=cpu)
     for r, leaf in enumerate(leaves):
         path = torch.nonzero(anc[leaf]).flatten()  # ancestors have smaller index: already root-first
         rp[r, : path.numel()] = path
     return TreeBuffers(
         choices=tuple(paths), parents=parents, depth=depth, rank=rank,
-        num_children=torch.tensor([len(c) for c in children], dtype=torch.long),
+        num_children=torch.tensor([len(c) for c in children], dtype=torch.long, device=cpu),
         children=tuple(tuple(c) for c in children), ancestor_mask=anc, levels=levels, retrieve_paths=rp,
     )
 
@@ -215,7 +220,9 @@ def _plan(key: tuple, device: str) -> TreePlan:
         visible = None
         if d > 0:
             cols = cached + expand
-            visible = t.ancestor_mask[expand][:, cols].to(dev)
+            rows_t = torch.tensor(expand, dtype=torch.long, device="cpu")
+            cols_t = torch.tensor(cols, dtype=torch.long, device="cpu")
+            visible = t.ancestor_mask[rows_t][:, cols_t].to(dev)
             cached = cols
         by_m: dict[int, list[int]] = {}
         for r, v in enumerate(expand):
