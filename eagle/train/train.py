@@ -50,7 +50,8 @@ import torch.nn.functional as F
 
 from eagle.model.head import EagleHead, head_config_from_base
 
-__all__ = ["load_sequences", "make_batches", "collate", "eagle_loss", "evaluate", "train", "main"]
+__all__ = ["load_sequences", "make_batches", "collate", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
+           "train", "main"]
 
 
 def peak_rss_gib() -> float:
@@ -121,9 +122,34 @@ def collate(seqs: list[dict], idx: list[int]) -> tuple[torch.Tensor, torch.Tenso
     return ids, hid, mask
 
 
+def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Tensor, ce_frac: float,
+                        generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(soft cross-entropy, 1 - acceptance, top-1 agreement) of predicted features ``p`` [N, H] against
+    target features ``tgt`` [N, H], on a random ``ce_frac`` of the rows (drawn with ``generator``).
+
+    Acceptance is ``sum_x min(M_b(x), M_s(x))`` at temperature 1, the probability that one child drawn
+    from the draft law is accepted by rejection sampling (REFERENCE section 6, LK losses).
+    """
+    n = int(p.shape[0])
+    if ce_frac < 1.0:  # unbiased estimate on a random subset of the positions
+        k = max(1, int(round(n * ce_frac)))
+        pick = torch.randperm(n, generator=generator)[:k]
+        p, tgt = p[pick], tgt[pick]
+    with torch.no_grad():
+        t_logits = tgt @ lm_head_w.T                       # [N, V]
+        t_prob = torch.softmax(t_logits, -1)
+        t_top = t_logits.argmax(-1)
+        del t_logits
+    logp = torch.log_softmax(p @ lm_head_w.T, -1)          # [N, V]
+    ce = -(t_prob * logp).sum(-1).mean()
+    rej = 1.0 - torch.minimum(t_prob, logp.exp()).sum(-1).mean()
+    acc = (logp.argmax(-1) == t_top).float().mean()
+    return ce, rej, acc
+
+
 def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid: torch.Tensor, mask: torch.Tensor,
                noise: float = 0.0, w_reg: float = 1.0, w_ce: float = 0.1, ce_frac: float = 1.0,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+               generator: torch.Generator | None = None, w_tv: float = 0.0) -> tuple[torch.Tensor, dict]:
     """EAGLE-1 loss on one right-padded batch (alignment in the module docstring).
 
     Args:
@@ -135,10 +161,11 @@ def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid:
             cross-entropy (and the reported ``acc``) is computed; the two ``[N, V]`` lm_head
             products dominate the cost on CPU, so 0.25 makes a step ~2.5x cheaper while keeping
             an unbiased estimate of the CE gradient. The regression term always uses all positions.
+        w_tv: weight of the acceptance loss ``1 - sum_x min(M_b(x), M_s(x))`` (0 = EAGLE-1 exactly).
 
     Returns:
-        (scalar loss with grad, stats: ``reg``, ``ce``, ``acc`` (top-1 agreement), ``n`` counted
-        positions, as Python floats/ints).
+        (scalar loss with grad, stats: ``reg``, ``ce``, ``tv`` (1 - acceptance), ``acc`` (top-1
+        agreement), ``n`` counted positions, as Python floats/ints).
     """
     feat_in = hid[:, :-1]
     if noise > 0:
@@ -150,40 +177,158 @@ def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid:
     n = int(p.shape[0])
     if n == 0:
         z = pred.sum() * 0.0
-        return z, {"reg": 0.0, "ce": 0.0, "acc": 0.0, "n": 0}
+        return z, {"reg": 0.0, "ce": 0.0, "tv": 0.0, "acc": 0.0, "n": 0}
     reg = F.smooth_l1_loss(p, tgt, reduction="none").mean(-1).mean()
-    if ce_frac < 1.0:  # unbiased estimate of the CE term on a random subset of the positions
-        k = max(1, int(round(n * ce_frac)))
-        pick = torch.randperm(n, generator=generator)[:k]
-        p, tgt = p[pick], tgt[pick]
-    with torch.no_grad():
-        t_logits = tgt @ lm_head_w.T                       # [N, V]
-        t_prob = torch.softmax(t_logits, -1)
-        t_top = t_logits.argmax(-1)
-        del t_logits
-    logp = torch.log_softmax(p @ lm_head_w.T, -1)          # [N, V]
-    ce = -(t_prob * logp).sum(-1).mean()
-    acc = (logp.argmax(-1) == t_top).float().mean()
-    loss = w_reg * reg + w_ce * ce
-    return loss, {"reg": float(reg.detach()), "ce": float(ce.detach()), "acc": float(acc), "n": n}
+    ce, rej, acc = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
+    loss = w_reg * reg + w_ce * ce + w_tv * rej
+    return loss, {"reg": float(reg.detach()), "ce": float(ce.detach()), "tv": float(rej.detach()),
+                  "acc": float(acc), "n": n}
+
+
+def unroll_mask(n: int, step: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Additive attention mask ``[1, 1, n, step * n]`` of unrolled step ``step`` (>= 2).
+
+    Keys are laid out as the head cache holds them: step 1's ``n`` positions (true target features),
+    then step 2's, ..., then this step's. The query at head position ``t`` sees what it would see at
+    inference at draft depth ``step`` with root position ``r = t - step + 1``: step-1 keys at
+    positions ``<= r`` (the committed context), step ``k``'s key at position ``r + k - 1`` for
+    ``k = 2..step-1`` (the earlier draft levels of its own chain) and its own key. Rows with
+    ``t < step - 1`` have no committed context; they only see themselves and are never counted.
+    """
+    t = torch.arange(n, device=device)[:, None]
+    s = torch.arange(n, device=device)[None, :]
+    rooted = t >= step - 1
+    blocks = [(s <= t - step + 1) & rooted] + [(s == t - step + k) & rooted for k in range(2, step)] + [s == t]
+    visible = torch.cat(blocks, dim=1)
+    out = torch.zeros(n, step * n, dtype=dtype, device=device)
+    out.masked_fill_(~visible, torch.finfo(dtype).min)
+    return out[None, None]
+
+
+def unrolled_features(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Head outputs of unrolled steps ``1..steps`` (see :func:`unrolled_loss`), each float ``[B, n, H]``.
+
+    Args:
+        tokens: int64 ``[B, n]``, ``x_{t+1}`` per head position ``t``.
+        features: float ``[B, n, H]``, the target's ``f_t`` (step 1's input).
+
+    Step ``j``'s output at position ``t`` equals what inference computes at draft depth ``j`` with
+    root position ``t - j + 1`` when the drafted tokens are ``x_{t-j+2}..x_{t+1}`` (tested).
+    """
+    from transformers import DynamicCache
+
+    B, n, _ = features.shape
+    dtype = features.dtype
+    pos = torch.arange(n, device=features.device)[None].expand(B, n)
+    cache = DynamicCache(config=head.config)
+    causal = torch.zeros(n, n, dtype=dtype, device=features.device).masked_fill_(
+        torch.ones(n, n, dtype=torch.bool, device=features.device).triu(1), torch.finfo(dtype).min)[None, None]
+    outs = [head(tokens, features, position_ids=pos, attention_mask=causal, cache=cache)]
+    for j in range(2, steps + 1):
+        prev = outs[-1]
+        shifted = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+        mask = unroll_mask(n, j, dtype, features.device)
+        outs.append(head(tokens, shifted, position_ids=pos, attention_mask=mask, cache=cache))
+    return outs
+
+
+def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid: torch.Tensor, mask: torch.Tensor,
+                  steps: int, decay: float = 0.8, noise: float = 0.0, w_reg: float = 1.0, w_ce: float = 0.1,
+                  ce_frac: float = 1.0, generator: torch.Generator | None = None, w_tv: float = 0.0,
+                  top_k: int = 4) -> tuple[torch.Tensor, dict]:
+    """Multi-step (training-time test) loss: draft depths ``1..steps`` on the head's OWN features.
+
+    Step 1 is EAGLE-1's teacher-forced pass (input ``(x_{t+1}, f_t + noise)``). Step ``j >= 2`` at
+    head position ``t`` gets ``(x_{t+1}, o_{j-1}[t-1])``, the feature the head itself predicted one
+    level up, and attends as at inference (:func:`unroll_mask`): this is what depth ``j`` of a draft
+    tree sees along the accepted path (HASS / EAGLE-3's training-time test, REFERENCE section 6).
+    Every step predicts ``f_{t+1}`` with EAGLE-1's terms (SmoothL1 ``w_reg`` + soft CE ``w_ce`` + the
+    acceptance term ``w_tv``); step ``j`` is weighted ``decay ** (j - 1)`` and counted where
+    ``x_{t+1}`` is a response token and ``t >= j - 1``. Gradients flow through the unrolled features.
+
+    Args:
+        ids, hid, mask: as :func:`eagle_loss` (``[B, L]``, ``[B, L, H]`` float32, ``[B, L]`` bool).
+        steps: unrolled depths (1 = :func:`eagle_loss`'s terms).
+        top_k: also report whether the target's argmax is among the draft's ``top_k`` tokens.
+
+    Returns:
+        (scalar loss, stats with ``reg``, ``ce``, ``tv``, ``acc``, ``n`` of depth 1 and lists
+        ``acc_by_depth``, ``topk_by_depth``, ``n_by_depth``).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    feat = hid[:, :-1]
+    if noise > 0:
+        feat = feat + (torch.rand(feat.shape, generator=generator) * 2 - 1) * noise
+    outs = unrolled_features(head, ids[:, 1:], feat, steps)
+    tgt_all = hid[:, 1:]
+    total = feat.sum() * 0.0
+    stats = {"acc_by_depth": [], "topk_by_depth": [], "n_by_depth": []}
+    for j, out in enumerate(outs, start=1):
+        sel = mask[:, 1:].clone()
+        sel[:, :j - 1] = False
+        p, tgt = out[sel], tgt_all[sel]
+        m = int(p.shape[0])
+        if m:
+            reg = F.smooth_l1_loss(p, tgt, reduction="none").mean(-1).mean()
+            ce, rej, acc = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
+            total = total + decay ** (j - 1) * (w_reg * reg + w_ce * ce + w_tv * rej)
+            with torch.no_grad():
+                d_top = (p[:4096] @ lm_head_w.T).topk(min(top_k, lm_head_w.shape[0]), -1).indices
+                t_top = (tgt[:4096] @ lm_head_w.T).argmax(-1)
+                topk = (d_top == t_top[:, None]).any(-1).float().mean()
+            if j == 1:
+                stats.update(reg=float(reg.detach()), ce=float(ce.detach()), tv=float(rej.detach()), acc=float(acc))
+            stats["acc_by_depth"].append(float(acc))
+            stats["topk_by_depth"].append(float(topk))
+        else:
+            if j == 1:
+                stats.update(reg=0.0, ce=0.0, tv=0.0, acc=0.0)
+            stats["acc_by_depth"].append(0.0)
+            stats["topk_by_depth"].append(0.0)
+        stats["n_by_depth"].append(m)
+    stats["n"] = stats["n_by_depth"][0]
+    return total, stats
 
 
 @torch.no_grad()
 def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_tokens: int,
-             w_reg: float = 1.0, w_ce: float = 0.1) -> dict:
-    """Held-out loss / top-1 over all counted positions of ``seqs`` (no noise), position-weighted."""
+             w_reg: float = 1.0, w_ce: float = 0.1, depths: int = 1, w_tv: float = 0.0) -> dict:
+    """Held-out loss / top-1 over all counted positions of ``seqs`` (no noise), position-weighted.
+
+    With ``depths > 1`` the head is unrolled on its own features (:func:`unrolled_loss`) and the
+    result also holds ``acc_by_depth`` / ``top4_by_depth`` / ``n_by_depth`` for draft depths
+    ``1..depths``: the probability that the head's argmax (or top 4) contains the target's argmax at
+    that depth of the accepted path (the greedy per-level acceptance along the target's own text).
+    """
     head.eval()
-    tot = {"reg": 0.0, "ce": 0.0, "acc": 0.0, "n": 0}
+    tot = {"reg": 0.0, "ce": 0.0, "tv": 0.0, "acc": 0.0, "n": 0}
+    acc_d = [0.0] * depths
+    top_d = [0.0] * depths
+    n_d = [0] * depths
     for idx in make_batches(seqs, batch_tokens, random.Random(0)):
-        _, st = eagle_loss(head, lm_head_w, *collate(seqs, idx), noise=0.0, w_reg=w_reg, w_ce=w_ce)
-        for k in ("reg", "ce", "acc"):
+        ids, hid, mask = collate(seqs, idx)
+        if depths > 1:
+            _, st = unrolled_loss(head, lm_head_w, ids, hid, mask, steps=depths, noise=0.0, w_reg=w_reg, w_ce=w_ce,
+                                  w_tv=w_tv)
+            for j in range(depths):
+                acc_d[j] += st["acc_by_depth"][j] * st["n_by_depth"][j]
+                top_d[j] += st["topk_by_depth"][j] * st["n_by_depth"][j]
+                n_d[j] += st["n_by_depth"][j]
+        else:
+            _, st = eagle_loss(head, lm_head_w, ids, hid, mask, noise=0.0, w_reg=w_reg, w_ce=w_ce, w_tv=w_tv)
+        for k in ("reg", "ce", "tv", "acc"):
             tot[k] += st[k] * st["n"]
         tot["n"] += st["n"]
     head.train()
     n = max(tot["n"], 1)
-    out = {k: tot[k] / n for k in ("reg", "ce", "acc")}
-    out["loss"] = w_reg * out["reg"] + w_ce * out["ce"]
+    out = {k: tot[k] / n for k in ("reg", "ce", "tv", "acc")}
+    out["loss"] = w_reg * out["reg"] + w_ce * out["ce"] + w_tv * out["tv"]
     out["n"] = tot["n"]
+    if depths > 1:
+        out["acc_by_depth"] = [acc_d[j] / max(n_d[j], 1) for j in range(depths)]
+        out["top4_by_depth"] = [top_d[j] / max(n_d[j], 1) for j in range(depths)]
+        out["n_by_depth"] = n_d
     return out
 
 
@@ -271,11 +416,15 @@ def train(args) -> dict:
             json.dump(log, f, indent=1)
 
     def do_eval(step: int):
-        ev = evaluate(head, lm_w, val, args.batch_tokens, args.w_reg, args.w_ce)
+        ev = evaluate(head, lm_w, val, args.batch_tokens, args.w_reg, args.w_ce, depths=args.eval_depths,
+                      w_tv=args.w_tv)
         ev.update(step=step, minutes=round((time.time() - t_train) / 60, 2))
-        log["eval"].append({k: (round(v, 5) if isinstance(v, float) else v) for k, v in ev.items()})
+        log["eval"].append({k: (round(v, 5) if isinstance(v, float) else
+                                [round(x, 5) if isinstance(x, float) else x for x in v] if isinstance(v, list) else v)
+                            for k, v in ev.items()})
+        depth = f" top1 by depth {[round(x, 3) for x in ev['acc_by_depth']]}" if "acc_by_depth" in ev else ""
         print(f"[eval] step {step} min {ev['minutes']:.1f} loss {ev['loss']:.4f} reg {ev['reg']:.4f} "
-              f"ce {ev['ce']:.3f} top1 {ev['acc']:.4f} (n={ev['n']})", flush=True)
+              f"ce {ev['ce']:.3f} top1 {ev['acc']:.4f} (n={ev['n']}){depth}", flush=True)
 
     from tqdm import tqdm
 
@@ -293,8 +442,13 @@ def train(args) -> dict:
             lr = lr_at(step)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss, st = eagle_loss(head, lm_w, *collate(tr, idx), noise=args.noise, w_reg=args.w_reg,
-                                  w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen)
+            if args.unroll > 1:
+                loss, st = unrolled_loss(head, lm_w, *collate(tr, idx), steps=args.unroll, decay=args.unroll_decay,
+                                         noise=args.noise, w_reg=args.w_reg, w_ce=args.w_ce, ce_frac=args.ce_frac,
+                                         generator=gen, w_tv=args.w_tv)
+            else:
+                loss, st = eagle_loss(head, lm_w, *collate(tr, idx), noise=args.noise, w_reg=args.w_reg,
+                                      w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(params, args.clip)
@@ -357,6 +511,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--w-reg", type=float, default=1.0)
     ap.add_argument("--w-ce", type=float, default=0.1)
     ap.add_argument("--ce-frac", type=float, default=0.25, help="fraction of positions for the CE term")
+    ap.add_argument("--w-tv", type=float, default=0.0,
+                    help="weight of the acceptance loss 1 - sum_x min(p, q) (LK-style; 0 = EAGLE-1's loss)")
+    ap.add_argument("--unroll", type=int, default=1,
+                    help="train draft depths 1..k on the head's own features (training-time test; 1 = EAGLE-1)")
+    ap.add_argument("--unroll-decay", type=float, default=0.8, help="loss weight of depth j is decay**(j-1)")
+    ap.add_argument("--eval-depths", type=int, default=1,
+                    help="held-out top-1/top-4 per draft depth 1..k (unrolled on the head's own features)")
     ap.add_argument("--val-frac", type=float, default=0.03)
     ap.add_argument("--val-max-seqs", type=int, default=64)
     ap.add_argument("--eval-minutes", type=float, default=5.0)

@@ -1,0 +1,318 @@
+"""A self-distillation corpus that accumulates in the repository: the target's own answers as token ids.
+
+``python -m eagle.train.corpus build --run NAME [--worker I/N] [--max-minutes M]``
+``python -m eagle.train.corpus stats [--root data/distill]``
+
+Layout (committed; compact: token ids only, never hidden states)::
+
+    data/distill/<run>/plan.json                 the arguments, pool size per kind, dedupe stats
+    data/distill/<run>/shard_NNNNN.jsonl.gz      one JSON record per line (below)
+
+Record::
+
+    {"uid": "translation-17", "source": "fortunes-de", "kind": "translation", "split": "train",
+     "messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
+     "turns": [{"prompt_ids": [int, ...], "answer_ids": [int, ...], "stopped_eos": bool}, ...],
+     "temperature": 0.0, "top_p": 1.0, "seed": int, "max_new_tokens": 256, "model": "..."}
+
+``turns[t].prompt_ids`` is the chat-template encoding of the conversation up to user turn t (with
+the generation prompt), exactly what the target saw; ``answer_ids`` is what it generated (ending with
+EOS when ``stopped_eos``). Later turns re-encode the earlier answers as text, as the Spec-Bench harness
+does. Hidden states are recomputed from these ids when training needs them.
+
+The prompt pool (:func:`eagle.train.prompt_sources.build_pool`, deduplicated against Spec-Bench) is
+shuffled with ``--seed`` and cut into shards of ``--shard-size`` prompts; shard ``k`` samples at
+temperature 1 when ``k % 4 == 3`` and is greedy otherwise; every 40th shard (``k % 40 == 39``) is
+held out (``"split": "heldout"``) for measuring heads. A shard is written to a temporary name and
+renamed, so a killed worker leaves only complete shards and a rerun skips them (resumable);
+``--worker I/N`` builds only shards ``k % N == I``, so several one-thread processes (or several
+working sessions) fill one run together. Output is deterministic for given arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+__all__ = ["DEFAULT_ROOT", "iter_records", "answer_token_count", "write_shard", "build_shard", "plan", "dedupe_pool",
+           "build", "stats", "main"]
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "distill"
+HELDOUT_EVERY = 40
+SAMPLE_EVERY = 4
+
+
+# ------------------------------------------------------------------------------------------ reading
+def iter_records(root: str | os.PathLike = DEFAULT_ROOT, split: str | None = None) -> Iterator[dict]:
+    """Every record of every ``shard_*.jsonl.gz`` under ``root`` (recursively), in path order.
+
+    Args:
+        root: the corpus folder (default ``data/distill``) or one run folder.
+        split: ``"train"`` / ``"heldout"`` to keep one split, None for all.
+    """
+    for path in sorted(Path(root).rglob("shard_*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    if split is None or rec.get("split") == split:
+                        yield rec
+
+
+def answer_token_count(rec: dict) -> int:
+    """Number of target-generated tokens in a record (all turns)."""
+    return sum(len(t["answer_ids"]) for t in rec["turns"])
+
+
+def write_shard(path: str | os.PathLike, records: list[dict]) -> None:
+    """Write records as one gzip JSONL file atomically (temporary name, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        for r in records:
+            f.write(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------ building
+def _encode(tok, messages: list[dict]) -> list[int]:
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(enc, list):
+        enc = enc["input_ids"]
+    return [int(t) for t in enc]
+
+
+def plan(pool: list[dict], shard_size: int) -> list[dict]:
+    """Cut the pool into shards: ``[{"index", "temperature", "split", "records"}]`` (deterministic)."""
+    shards = []
+    for k, i in enumerate(range(0, len(pool), shard_size)):
+        shards.append({"index": k, "temperature": 1.0 if k % SAMPLE_EVERY == SAMPLE_EVERY - 1 else 0.0,
+                       "split": "heldout" if k % HELDOUT_EVERY == HELDOUT_EVERY - 1 else "train",
+                       "records": pool[i:i + shard_size]})
+    return shards
+
+
+@torch.no_grad()
+def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_batch: int, seed: int,
+                model_name: str) -> list[dict]:
+    """Generate the target's answers for one planned shard, turn by turn (batched, left padding).
+
+    Prompts longer than ``max_prompt`` tokens are dropped. Returns the corpus records.
+    """
+    from .data import _generate
+
+    temp = shard["temperature"]
+    recs = []
+    for r in shard["records"]:
+        recs.append({"uid": r["uid"], "source": r["source"], "kind": r["kind"], "split": shard["split"],
+                     "messages": [], "turns": [], "_user": list(r["turns"])})
+    n_turns = max(len(r["_user"]) for r in recs)
+    alive = list(range(len(recs)))
+    for t in range(n_turns):
+        todo, prompts = [], []
+        for i in alive:
+            r = recs[i]
+            if t >= len(r["_user"]):
+                continue
+            msgs = r["messages"] + [{"role": "user", "content": r["_user"][t]}]
+            ids = _encode(tok, msgs)
+            if len(ids) > max_prompt:
+                continue
+            r["messages"] = msgs
+            todo.append(i)
+            prompts.append(ids)
+        order = sorted(range(len(todo)), key=lambda j: len(prompts[j]))
+        for b in range(0, len(order), gen_batch):
+            idx = order[b:b + gen_batch]
+            outs = _generate(model, tok, [prompts[j] for j in idx], max_new, temp > 0, temp or 1.0,
+                             seed * 1_000_003 + shard["index"] * 1009 + t * 101 + b)
+            for j, ans in zip(idx, outs):
+                r = recs[todo[j]]
+                eos = tok.eos_token_id
+                stopped = bool(ans) and ans[-1] == eos
+                r["turns"].append({"prompt_ids": prompts[j], "answer_ids": [int(a) for a in ans],
+                                   "stopped_eos": stopped})
+                text = tok.decode(ans[:-1] if stopped else ans, skip_special_tokens=True)
+                r["messages"].append({"role": "assistant", "content": text})
+        alive = [i for i in todo]
+    out = []
+    for r in recs:
+        user = r.pop("_user")
+        if not r["turns"]:
+            continue
+        r.update({"temperature": temp, "top_p": 1.0, "seed": seed, "max_new_tokens": max_new, "model": model_name,
+                  "user_turns_planned": len(user)})
+        out.append(r)
+    return out
+
+
+def dedupe_pool(pool: list[dict], specbench: str | os.PathLike) -> tuple[list[dict], dict]:
+    """Drop every prompt record whose turns overlap a Spec-Bench turn
+    (:func:`eagle.train.data.dedupe_against_specbench`: equality, containment, shared word 8-gram)."""
+    from .data import dedupe_against_specbench
+
+    recs = [{"id": i, "prompt": "\n".join(r["turns"]), "output": ""} for i, r in enumerate(pool)]
+    kept, dd = dedupe_against_specbench(recs, specbench)
+    return [pool[r["id"]] for r in kept], dd
+
+
+def _build_pool(args) -> tuple[list[dict], dict]:
+    from .data import dedupe_against_specbench, load_alpaca
+    from .prompt_sources import build_pool, chitchat_pairs, german_texts
+
+    alpaca, dd = dedupe_against_specbench(load_alpaca(args.prompts), args.specbench)
+    german = german_texts(args.german_cache)
+    chitchat = chitchat_pairs()
+    pool, dd2 = dedupe_pool(build_pool(alpaca, german, chitchat, args.seed), args.specbench)
+    kinds: dict[str, int] = {}
+    for r in pool:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    return pool, {"alpaca_dedupe": dd, "pool_dedupe": dd2, "kinds": kinds, "german_passages": len(german),
+                  "chitchat_pairs": len(chitchat)}
+
+
+def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int = 0, n_workers: int = 1,
+          max_new: int = 256, max_prompt: int = 1024, gen_batch: int = 16, seed: int = 0, model_name: str = "",
+          max_shards: int = 0, max_minutes: float = 0.0) -> dict:
+    """Build the missing shards of a plan (:func:`plan`) into ``out`` (resumable, appends only).
+
+    Shards already on disk are skipped; ``worker``/``n_workers`` select shards ``k % n_workers ==
+    worker``; ``max_shards`` / ``max_minutes`` bound this call. Returns ``{"written_shards",
+    "written_answer_tokens", "seconds"}``.
+    """
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    mine = [sh for sh in shards if sh["index"] % n_workers == worker
+            and not (out / f"shard_{sh['index']:05d}.jsonl.gz").exists()]
+    if max_shards:
+        mine = mine[:max_shards]
+    done_tokens, written = 0, 0
+    bar = tqdm(mine, desc=f"corpus {out.name} worker {worker}/{n_workers}", unit="shard")
+    for sh in bar:
+        if max_minutes and time.time() - t0 > max_minutes * 60:
+            bar.write(f"time budget of {max_minutes} min reached; stopping before shard {sh['index']}")
+            break
+        ts = time.time()
+        recs = build_shard(model, tok, sh, max_new=max_new, max_prompt=max_prompt, gen_batch=gen_batch, seed=seed,
+                           model_name=model_name)
+        write_shard(out / f"shard_{sh['index']:05d}.jsonl.gz", recs)
+        n = sum(answer_token_count(r) for r in recs)
+        done_tokens += n
+        written += 1
+        bar.set_postfix(tokens=done_tokens, tok_s=round(n / max(time.time() - ts, 1e-9), 1))
+    return {"written_shards": written, "written_answer_tokens": done_tokens, "seconds": round(time.time() - t0, 1)}
+
+
+def stats(root: str | os.PathLike = DEFAULT_ROOT) -> dict:
+    """Corpus totals: records, answer tokens per split / kind / temperature, shards, bytes on disk."""
+    out = {"records": 0, "answer_tokens": 0, "by_split": {}, "by_kind": {}, "by_temperature": {},
+           "shards": len(list(Path(root).rglob("shard_*.jsonl.gz"))),
+           "bytes": sum(p.stat().st_size for p in Path(root).rglob("shard_*.jsonl.gz"))}
+    for r in iter_records(root):
+        n = answer_token_count(r)
+        out["records"] += 1
+        out["answer_tokens"] += n
+        for key, val in (("by_split", r["split"]), ("by_kind", r["kind"]), ("by_temperature", str(r["temperature"]))):
+            out[key][val] = out[key].get(val, 0) + n
+    return out
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def main(argv: list[str] | None = None) -> dict:
+    """Command-line entry point (see the module docstring); returns a summary dict."""
+    from .data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="generate shards (resumable)")
+    b.add_argument("--run", default="smollm2-135m", help="run folder name under --root")
+    b.add_argument("--root", default=str(DEFAULT_ROOT))
+    b.add_argument("--base", default="default", help='HF causal LM path / hub id, or "default"')
+    b.add_argument("--prompts", default=DEFAULT_PROMPTS)
+    b.add_argument("--specbench", default=DEFAULT_SPECBENCH)
+    b.add_argument("--german-cache", default="",
+                   help="folder for the fortunes-de download (default: <cache>/prompt-sources)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--shard-size", type=int, default=32)
+    b.add_argument("--gen-batch", type=int, default=16)
+    b.add_argument("--max-new", type=int, default=256)
+    b.add_argument("--max-prompt", type=int, default=1024)
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--worker", default="0/1", help="I/N: build only shards whose index is I mod N")
+    b.add_argument("--max-minutes", type=float, default=0.0, help="start no new shard after this (0: no limit)")
+    b.add_argument("--max-shards", type=int, default=0, help="build at most this many shards now (0: no limit)")
+    s = sub.add_parser("stats", help="print corpus totals")
+    s.add_argument("--root", default=str(DEFAULT_ROOT))
+    args = ap.parse_args(argv)
+    if args.cmd == "stats":
+        out = stats(args.root)
+        print(json.dumps(out, indent=1))
+        return out
+    try:
+        worker, n_workers = (int(x) for x in args.worker.split("/"))
+        if not 0 <= worker < n_workers:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--worker must be I/N with 0 <= I < N, got {args.worker!r}")
+    for flag, val in (("--shard-size", args.shard_size), ("--gen-batch", args.gen_batch), ("--max-new", args.max_new),
+                      ("--max-prompt", args.max_prompt), ("--threads", args.threads)):
+        if val < 1:
+            ap.error(f"{flag} must be >= 1, got {val}")
+    for flag, path in (("--prompts", args.prompts), ("--specbench", args.specbench)):
+        if not Path(path).is_file():
+            ap.error(f"{flag}: no such file {path}")
+    from eagle.model.default import cache_dir
+
+    torch.set_num_threads(args.threads)
+    if not args.german_cache:
+        args.german_cache = str(cache_dir() / "prompt-sources")
+    out = Path(args.root) / args.run
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    pool, pool_stats = _build_pool(args)
+    shards = plan(pool, args.shard_size)
+    plan_path = out / "plan.json"
+    import hashlib
+
+    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt")
+    info = {"args": {k: getattr(args, k) for k in keep},
+            "pool": len(pool), "pool_sha256": hashlib.sha256(json.dumps(pool, sort_keys=True).encode()).hexdigest(),
+            "shards": len(shards), **pool_stats}
+    if plan_path.exists():
+        old = json.loads(plan_path.read_text())
+        same_args = all(old.get("args", {}).get(k) == info["args"][k] for k in keep)
+        if not same_args or old.get("pool") != info["pool"] or old.get("pool_sha256", info["pool_sha256"]) != info[
+                "pool_sha256"]:
+            raise SystemExit(f"{plan_path} was made with other arguments or another prompt pool; "
+                             f"use a new --run name (old args: {old.get('args')})")
+        if "pool_sha256" not in old:
+            old["pool_sha256"] = info["pool_sha256"]
+            plan_path.write_text(json.dumps(old, indent=1))
+    else:
+        tmp = plan_path.with_name("plan.json.tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        os.replace(tmp, plan_path)
+    from .data import load_base
+
+    model, tok = load_base(args.base)
+    model_name = "SmolLM2-135M-Instruct" if args.base == "default" else args.base
+    summary = build(shards, out, model, tok, worker=worker, n_workers=n_workers, max_new=args.max_new,
+                    max_prompt=args.max_prompt, gen_batch=args.gen_batch, seed=args.seed, model_name=model_name,
+                    max_shards=args.max_shards, max_minutes=args.max_minutes - (time.time() - t0) / 60
+                    if args.max_minutes else 0.0)
+    summary.update(shards_done=len(list(out.glob("shard_*.jsonl.gz"))), shards_planned=len(shards))
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Target features for head training, recomputed from the token-id corpus and cached outside git.
+
+``python -m eagle.train.features --corpus data/distill --out cache/features [--base default]``
+
+For every corpus shard (``data/distill/<run>/shard_NNNNN.jsonl.gz``, :mod:`eagle.train.corpus`)
+one feature shard is written in the format :func:`eagle.train.train.load_sequences` reads
+(:mod:`eagle.train.data`): ``input_ids`` int32 ``[T]``, ``loss_mask`` uint8 ``[T]`` (1 on the
+target's answer tokens), ``hidden`` float16 ``[T, H]`` (the target's last hidden state after its
+final norm), ``offsets`` int64 ``[S + 1]``; one sequence per turn (``prompt_ids + answer_ids``,
+cut to ``--max-len`` tokens). Train and held-out records go to ``OUT/train/`` and ``OUT/heldout/``.
+
+Features take ~1.1 KB per token (H = 576, float16), so they are cached on local disk, never
+committed; a feature shard newer than its corpus shard is reused, so a rerun only adds the new ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["sequences_of", "hidden_states", "build_feature_shard", "main"]
+
+
+def sequences_of(rec: dict, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) per turn of a corpus record, cut to ``max_len`` tokens."""
+    out = []
+    for t in rec["turns"]:
+        ids = list(t["prompt_ids"]) + list(t["answer_ids"])
+        mask = [0] * len(t["prompt_ids"]) + [1] * len(t["answer_ids"])
+        ids, mask = ids[:max_len], mask[:max_len]
+        if len(ids) >= 3 and any(mask[1:]):
+            out.append((ids, mask))
+    return out
+
+
+@torch.no_grad()
+def hidden_states(model, seqs: list[list[int]], pad_id: int) -> list[torch.Tensor]:
+    """Target last hidden state after the final norm, float32 ``[len(seq), H]`` per sequence.
+
+    One right-padded batch (padding never changes earlier positions under causal attention).
+    """
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        att[i, :len(s)] = 1
+    h = model.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+    return [h[i, :len(s)].float() for i, s in enumerate(seqs)]
+
+
+def build_feature_shard(model, records: list[dict], *, max_len: int, batch_tokens: int, pad_id: int) -> dict:
+    """Feature tensors (module docstring format) for the sequences of ``records``."""
+    seqs = [sm for r in records for sm in sequences_of(r, max_len)]
+    hidden: list = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and (j + 1 - i) * len(seqs[order[j]][0]) <= batch_tokens:
+            j += 1
+        grp = order[i:j]
+        for k, h in zip(grp, hidden_states(model, [seqs[k][0] for k in grp], pad_id)):
+            hidden[k] = h.to(torch.float16)
+        i = j
+    offsets = [0]
+    for s, _ in seqs:
+        offsets.append(offsets[-1] + len(s))
+    H = model.config.hidden_size
+    return {
+        "input_ids": torch.tensor([t for s, _ in seqs for t in s], dtype=torch.int32),
+        "loss_mask": torch.tensor([m for _, ms in seqs for m in ms], dtype=torch.uint8),
+        "hidden": torch.cat(hidden, 0).contiguous() if hidden else torch.zeros(0, H, dtype=torch.float16),
+        "offsets": torch.tensor(offsets, dtype=torch.int64),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Command-line entry point; returns a summary (tokens, seconds, tokens/s)."""
+    from .corpus import DEFAULT_ROOT
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus", default=str(DEFAULT_ROOT), help="corpus folder (data/distill or one run)")
+    ap.add_argument("--out", required=True, help="feature cache folder (outside git)")
+    ap.add_argument("--base", default="default")
+    ap.add_argument("--max-len", type=int, default=768)
+    ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-shards", type=int, default=0, help="at most this many corpus shards (0: all)")
+    args = ap.parse_args(argv)
+    corpus = Path(args.corpus)
+    shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
+    if not shards:
+        ap.error(f"--corpus {corpus}: no shard_*.jsonl.gz found")
+    if args.max_shards:
+        shards = shards[:args.max_shards]
+    import gzip
+
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from .data import _pad_id, load_base
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_base(args.base)
+    pad = _pad_id(tok)
+    out = Path(args.out)
+    t0, n_tok, n_new = time.time(), 0, 0
+    bar = tqdm(shards, desc="features", unit="shard")
+    for sh in bar:
+        with gzip.open(sh, "rt", encoding="utf-8") as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        run = sh.parent.name
+        for split in ("train", "heldout"):
+            part = [r for r in recs if r.get("split", "train") == split]
+            if not part:
+                continue
+            dest = out / split / f"shard_{run}_{sh.name.split('.')[0].split('_')[1]}.safetensors"
+            if dest.exists() and dest.stat().st_mtime >= sh.stat().st_mtime:
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tensors = build_feature_shard(model, part, max_len=args.max_len, batch_tokens=args.batch_tokens, pad_id=pad)
+            tmp = dest.with_name(dest.name + ".tmp")
+            save_file(tensors, str(tmp))
+            os.replace(tmp, dest)
+            n_tok += int(tensors["input_ids"].numel())
+            n_new += 1
+        bar.set_postfix(tokens=n_tok, tok_s=round(n_tok / max(time.time() - t0, 1e-9)))
+    summary = {"corpus_shards": len(shards), "feature_shards_written": n_new, "tokens": n_tok,
+               "seconds": round(time.time() - t0, 1), "tokens_per_s": round(n_tok / max(time.time() - t0, 1e-9), 1)}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Head-training prompts in every Spec-Bench style, built offline, never from Spec-Bench itself.
+
+Each builder returns records ``{"uid": str, "source": str, "kind": str, "turns": [str, ...]}`` (one
+user message per turn; two-turn records get their second turn after the target answered the
+first). ``kind`` is the Spec-Bench category group the prompt imitates (REFERENCE section 3):
+
+=============  ==================================================================  ==================
+kind           how the prompt is made                                              source (licence)
+=============  ==================================================================  ==================
+chat           an Alpaca instruction (+ input)                                     Alpaca (CC BY-NC 4.0)
+chat2          Alpaca instruction, then a generic follow-up turn                   Alpaca + ours
+chitchat2      the first two messages of one speaker in a chit-chat conversation   chitchat-dataset (MIT)
+qa             short Alpaca questions (one line, ends with "?")                    Alpaca
+translation    "Translate German to English: <German text>"                        fortunes-de (GPL-2+)
+summarization  "Summarize: <article>", article = several Alpaca answers            Alpaca
+rag            passages (one answers the question) then the question               Alpaca
+math           GSM-style word problems from templates with random numbers         ours
+=============  ==================================================================  ==================
+
+The German text comes from Debian's ``fortunes-de`` package (quotations, proverbs, anecdotes),
+fetched with ``apt-get download`` into the cache folder (:func:`german_texts`). Every record is
+checked against Spec-Bench with :func:`eagle.train.data.dedupe_against_specbench`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+from pathlib import Path
+
+__all__ = ["KINDS", "german_texts", "chitchat_pairs", "math_problems", "build_pool"]
+
+KINDS = ("chat", "chat2", "chitchat2", "qa", "translation", "summarization", "rag", "math")
+
+FOLLOW_UPS = (
+    "Now summarise your answer in two sentences.",
+    "Rewrite your previous answer so that a ten-year-old can understand it.",
+    "Can you give one more example?",
+    "Make your answer more formal and add a short conclusion.",
+    "What is the weakest point of your answer? Improve it.",
+    "Turn your answer into a numbered list.",
+    "Explain the most important point in more detail.",
+    "Rewrite your answer as a short poem.",
+    "Write a title for your answer and explain why it fits.",
+    "Now argue for the opposite view in one paragraph.",
+)
+
+
+# ------------------------------------------------------------------------------------------ German
+def _fetch_deb(package: str, dest: Path) -> Path:
+    """Download and unpack a Debian package into ``dest`` (no root needed); returns ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    marker = dest / ".unpacked"
+    if marker.exists():
+        return dest
+    subprocess.run(["apt-get", "download", package], cwd=dest, check=True, capture_output=True)
+    debs = sorted(dest.glob(f"{package}_*.deb"))
+    if not debs:
+        raise FileNotFoundError(f"apt-get download {package} produced no .deb in {dest}")
+    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(dest / "root")], check=True)
+    marker.write_text(debs[-1].name)
+    return dest
+
+
+def german_texts(cache: str | os.PathLike, min_words: int = 6, max_words: int = 60) -> list[str]:
+    """German sentences/passages from Debian's ``fortunes-de`` (GPL-2+), attribution lines removed.
+
+    Args:
+        cache: folder for the downloaded package.
+        min_words, max_words: keep passages of this many words.
+
+    Returns:
+        Deduplicated passages in file order (deterministic).
+
+    Raises:
+        subprocess.CalledProcessError / FileNotFoundError: the package could not be fetched.
+    """
+    root = _fetch_deb("fortunes-de", Path(cache) / "fortunes-de") / "root"
+    folder = root / "usr" / "share" / "games" / "fortunes" / "de"
+    skip = {"asciiart", "vornamen", "namen", "woerterbuch", "quiz", "translations"}
+    out, seen = [], set()
+    for f in sorted(folder.iterdir()):
+        if f.suffix or f.name in skip or not f.is_file():
+            continue
+        text = f.read_bytes().decode("utf-8", errors="replace")
+        for chunk in text.split("\n%\n"):
+            lines = [ln for ln in chunk.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+            body = " ".join(" ".join(lines).split())
+            if not body or "\ufffd" in body or re.search(r"[<>|\\{}]|http", body):
+                continue
+            n = len(body.split())
+            if min_words <= n <= max_words and body not in seen:
+                seen.add(body)
+                out.append(body)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ chitchat
+def chitchat_pairs(limit: int | None = None) -> list[tuple[str, str]]:
+    """(first message, second message) of one speaker per conversation of ``chitchat-dataset`` (MIT).
+
+    The package must be installed (``pip install --no-deps chitchat-dataset``); returns ``[]`` if not.
+    """
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("chitchat_dataset")
+    except ImportError:
+        spec = None
+    if spec is None:
+        return []
+    path = Path(list(spec.submodule_search_locations)[0]) / "dataset.json"
+    with open(path) as f:
+        data = json.load(f)
+    pairs = []
+    for key in sorted(data):
+        groups = data[key].get("messages", [])
+        if len(groups) < 3:
+            continue
+        first = " ".join(m["text"] for m in groups[0]).strip()
+        second = " ".join(m["text"] for m in groups[2]).strip()
+        if 3 <= len(first.split()) <= 80 and 3 <= len(second.split()) <= 80:
+            pairs.append((first, second))
+        if limit and len(pairs) >= limit:
+            break
+    return pairs
+
+
+# ------------------------------------------------------------------------------------------ math
+_NAMES = ("Ava", "Ben", "Carla", "Dmitri", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Keiko", "Liam",
+          "Maya", "Noah", "Olga", "Pedro", "Quinn", "Rosa", "Sam", "Tara")
+_ITEMS = ("apples", "pencils", "stickers", "cookies", "marbles", "books", "cupcakes", "tickets", "shells", "cards")
+
+
+def _math_one(rng: random.Random) -> str:
+    n1, n2 = rng.sample(_NAMES, 2)
+    item = rng.choice(_ITEMS)
+    a, b, c = rng.randint(3, 60), rng.randint(2, 12), rng.randint(2, 9)
+    price = rng.choice((0.5, 1.25, 2, 3, 4.5, 6, 12))
+    pct = rng.choice((10, 20, 25, 30, 40, 50, 75))
+    hours = rng.randint(2, 9)
+    t = rng.randrange(12)
+    if t == 0:
+        return f"{n1} has {a} {item}. {n2} has {b} times as many. How many {item} do they have together?"
+    if t == 1:
+        return (f"{n1} buys {b} packs of {item}. Each pack has {c} {item} and costs ${price}. "
+                f"How much does {n1} spend, and how many {item} does {n1} get?")
+    if t == 2:
+        return (f"A store sells {item} for ${a}. During a sale the price drops by {pct}%. "
+                f"{n1} buys {c} of them at the sale price. How much does {n1} pay?")
+    if t == 3:
+        return (f"{n1} earns ${b + 8} per hour and works {hours} hours a day for {c} days. "
+                f"{n1} spends {pct}% of the money on rent. How much is left?")
+    if t == 4:
+        return (f"{n1} reads {b} pages on Monday and twice as many on Tuesday. On Wednesday {n1} reads "
+                f"{c} pages fewer than on Tuesday. How many pages did {n1} read in the three days?")
+    if t == 5:
+        return (f"A train travels {a + 40} miles in {c} hours. At the same speed, how far does it travel in "
+                f"{hours} hours?")
+    if t == 6:
+        return (f"{n1} has ${a * 3}. {n1} gives {n2} one third of it and then spends ${b} on lunch. "
+                f"How much money does {n1} have now?")
+    if t == 7:
+        return (f"There are {a + 20} students in a class. {pct}% of them play football and half of the rest "
+                f"play chess. How many students play chess?")
+    if t == 8:
+        return (f"{n1} is {b + 20} years old. {n2} is {c} years younger than half of {n1}'s age. "
+                f"How old will {n2} be in {hours} years?")
+    if t == 9:
+        return (f"A recipe needs {c} eggs for {b} muffins. {n1} wants to bake {b * hours} muffins. "
+                f"Eggs come in boxes of 6. How many boxes does {n1} need?")
+    if t == 10:
+        return (f"{n1} plants {a} trees. {pct}% of them die in winter and {n1} plants {b} new ones in spring. "
+                f"How many trees are there now?")
+    return (f"{n1} runs {c} kilometres every weekday and {b} kilometres on each weekend day. "
+            f"How many kilometres does {n1} run in {hours} weeks?")
+
+
+def math_problems(n: int, seed: int) -> list[str]:
+    """``n`` distinct GSM-style word problems (our own templates, random numbers), deterministic."""
+    rng = random.Random(seed)
+    out, seen = [], set()
+    while len(out) < n:
+        p = _math_one(rng)
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ pool
+def _words(s: str) -> int:
+    return len(s.split())
+
+
+def build_pool(alpaca: list[dict], german: list[str], chitchat: list[tuple[str, str]], seed: int,
+               n_math: int = 1500, n_summarization: int = 1200, n_rag: int = 1200,
+               n_translation: int = 4000) -> list[dict]:
+    """The full prompt pool, deterministic for ``seed``.
+
+    Args:
+        alpaca: records of :func:`eagle.train.data.load_alpaca` (``id``, ``prompt``, ``output``),
+            already deduplicated against Spec-Bench.
+        german: passages of :func:`german_texts` (``n_translation`` of them are used).
+        chitchat: pairs of :func:`chitchat_pairs`.
+        seed: shuffling / synthesis seed.
+
+    Returns:
+        Records ``{"uid", "source", "kind", "turns"}`` in a shuffled, kind-interleaved order (a run cut
+        short still covers every kind). ``uid`` is unique and stable for a given input.
+    """
+    rng = random.Random(seed)
+    pool: list[dict] = []
+    long_outputs = [r for r in alpaca if _words(r["output"]) >= 40]
+    questions = [r for r in alpaca if not r["prompt"].count("\n") and r["prompt"].endswith("?")
+                 and _words(r["prompt"]) <= 20]
+    qa_ids = {r["id"] for r in questions}
+    others = [r for r in alpaca if r["id"] not in qa_ids]
+    for r in questions:
+        pool.append({"uid": f"qa-{r['id']}", "source": "alpaca", "kind": "qa", "turns": [r["prompt"]]})
+    for r in others:
+        pool.append({"uid": f"chat-{r['id']}", "source": "alpaca", "kind": "chat", "turns": [r["prompt"]]})
+    for r in rng.sample(others, min(len(others), 1200)):
+        pool.append({"uid": f"chat2-{r['id']}", "source": "alpaca", "kind": "chat2",
+                     "turns": [r["prompt"], rng.choice(FOLLOW_UPS)]})
+    for i, (a, b) in enumerate(chitchat):
+        pool.append({"uid": f"chitchat2-{i}", "source": "chitchat-dataset", "kind": "chitchat2", "turns": [a, b]})
+    picked = sorted(rng.sample(range(len(german)), min(n_translation, len(german))))
+    for i in picked:
+        g = german[i]
+        pool.append({"uid": f"translation-{i}", "source": "fortunes-de", "kind": "translation",
+                     "turns": [f"Translate German to English: {g}"]})
+    for i in range(n_summarization if long_outputs else 0):
+        k = rng.randint(3, 6)
+        article = "\n\n".join(r["output"] for r in rng.sample(long_outputs, k))
+        pool.append({"uid": f"summarization-{i}", "source": "alpaca", "kind": "summarization",
+                     "turns": [f"Summarize: {article}"]})
+    for i in range(n_rag if long_outputs else 0):
+        k = rng.randint(2, 4)
+        docs = rng.sample(long_outputs, k)
+        answer_doc = docs[0]
+        rng.shuffle(docs)
+        passages = "\n".join(d["output"] for d in docs)
+        q = answer_doc["prompt"].split("\n")[0]
+        pool.append({"uid": f"rag-{i}", "source": "alpaca", "kind": "rag", "turns": [f"{passages}\n{q}"]})
+    for i, p in enumerate(math_problems(n_math, seed)):
+        pool.append({"uid": f"math-{i}", "source": "ours", "kind": "math", "turns": [p]})
+    # interleave kinds: shuffle within each kind, then round-robin weighted by size
+    by_kind: dict[str, list[dict]] = {}
+    for r in pool:
+        by_kind.setdefault(r["kind"], []).append(r)
+    for k in sorted(by_kind):
+        rng.shuffle(by_kind[k])
+    total = len(pool)
+    pos = {k: 0 for k in by_kind}
+    out = []
+    # each kind advances at its own rate (size / total), so kinds stay mixed over the whole pool
+    credit = {k: 0.0 for k in by_kind}
+    while len(out) < total:
+        for k in sorted(by_kind):
+            credit[k] += len(by_kind[k]) / total
+            while credit[k] >= 1.0 and pos[k] < len(by_kind[k]):
+                out.append(by_kind[k][pos[k]])
+                pos[k] += 1
+                credit[k] -= 1.0
+        if all(pos[k] >= len(by_kind[k]) for k in by_kind):
+            break
+    for k in sorted(by_kind):  # rounding leftovers
+        out.extend(by_kind[k][pos[k]:])
+    return out

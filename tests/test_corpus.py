@@ -1,0 +1,221 @@
+"""Self-distillation corpus (eagle.train.corpus / prompt_sources / features) and the multi-step head loss."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from eagle.train import corpus as C
+from eagle.train import features as Fe
+from eagle.train import prompt_sources as P
+from eagle.train import train as T
+
+from test_train import SPECBENCH_TURNS, _tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(model, tokenizer, folder): a tiny random Llama with a char tokenizer and a chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny_corpus_base")
+    tok = _tiny_tokenizer()
+    cfg = LlamaConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model, tok, folder
+
+
+def _pool():
+    alpaca = [{"id": i, "prompt": f"Write item {i} of a list?" if i % 3 == 0 else f"Describe thing number {i}.",
+               "output": " ".join(["word"] * 45) + f" {i}."} for i in range(12)]
+    german = [f"Das ist der Satz Nummer {i} und er ist kurz genug." for i in range(5)]
+    chitchat = [("hello there friend how are you", "that is nice to hear today")]
+    return P.build_pool(alpaca, german, chitchat, seed=0, n_math=4, n_summarization=3, n_rag=3, n_translation=4)
+
+
+def test_pool_covers_every_kind_and_is_deterministic():
+    pool = _pool()
+    assert {r["kind"] for r in pool} == set(P.KINDS)
+    assert pool == _pool()
+    assert len({r["uid"] for r in pool}) == len(pool)
+    tr = [r for r in pool if r["kind"] == "translation"]
+    assert all(r["turns"][0].startswith("Translate German to English: ") for r in tr)
+    assert all(len(r["turns"]) == 2 for r in pool if r["kind"] in ("chat2", "chitchat2"))
+    assert all(r["turns"][0].startswith("Summarize: ") for r in pool if r["kind"] == "summarization")
+
+
+def test_pool_dedupe_drops_specbench(tmp_path):
+    sb = tmp_path / "question.jsonl"
+    sb.write_text("\n".join(json.dumps({"question_id": i, "category": "x", "turns": [t]})
+                            for i, t in enumerate(SPECBENCH_TURNS)) + "\n")
+    pool = _pool() + [{"uid": "planted", "source": "t", "kind": "chat", "turns": ["Hi", SPECBENCH_TURNS[0]]}]
+    kept, st = C.dedupe_pool(pool, sb)
+    assert "planted" not in {r["uid"] for r in kept} and len(kept) == len(pool) - 1
+    assert st["before"] == len(pool)
+
+
+def test_math_problems_distinct_and_deterministic():
+    a = P.math_problems(50, seed=3)
+    assert a == P.math_problems(50, seed=3) and len(set(a)) == 50
+    assert all("?" in q for q in a)
+
+
+def test_build_appends_resumes_and_records_are_well_formed(tiny, tmp_path):
+    model, tok, _ = tiny
+    shards = C.plan(_pool(), shard_size=4)
+    out = tmp_path / "run"
+    s1 = C.build(shards, out, model, tok, max_new=5, gen_batch=3, max_shards=2, model_name="tiny")
+    assert s1["written_shards"] == 2
+    first = sorted(out.glob("shard_*.jsonl.gz"))
+    stamps = [p.stat().st_mtime_ns for p in first]
+    s2 = C.build(shards, out, model, tok, max_new=5, gen_batch=3, max_shards=2, model_name="tiny")
+    assert s2["written_shards"] == 2
+    assert [p.stat().st_mtime_ns for p in first] == stamps  # resumed: earlier shards untouched
+    assert len(list(out.glob("shard_*.jsonl.gz"))) == 4
+    recs = list(C.iter_records(out))
+    planned = [r for sh in shards[:4] for r in sh["records"]]
+    fits = [r for r in planned
+            if len(C._encode(tok, [{"role": "user", "content": r["turns"][0]}])) <= 1024]
+    assert 0 < len(fits) < len(planned)  # a long summarization prompt is dropped, not truncated
+    assert [r["uid"] for r in recs] == [r["uid"] for r in fits]
+    for r in recs:
+        assert r["turns"] and r["split"] in ("train", "heldout") and r["model"] == "tiny"
+        roles = [m["role"] for m in r["messages"]]
+        assert roles == ["user", "assistant"] * len(r["turns"])
+        for t in r["turns"]:
+            assert 1 <= len(t["answer_ids"]) <= 5
+            assert t["stopped_eos"] == (t["answer_ids"][-1] == tok.eos_token_id)
+            assert all(isinstance(x, int) for x in t["prompt_ids"] + t["answer_ids"])
+    two = [r for r in recs if len(r["turns"]) == 2]
+    assert two, "a two-turn record"
+    r = two[0]
+    # the second prompt is the chat-template encoding of the whole conversation so far
+    expect = tok.apply_chat_template(r["messages"][:3], add_generation_prompt=True, tokenize=True)
+    expect = expect if isinstance(expect, list) else expect["input_ids"]
+    assert r["turns"][1]["prompt_ids"] == list(expect)
+    # deterministic: a rebuild into another folder gives identical records
+    C.build(shards, tmp_path / "again", model, tok, max_new=5, gen_batch=3, max_shards=4, model_name="tiny")
+    assert list(C.iter_records(tmp_path / "again")) == recs
+    st = C.stats(out)
+    assert st["records"] == len(recs) and st["answer_tokens"] == sum(C.answer_token_count(r) for r in recs)
+
+
+def test_write_shard_is_atomic_gzip_jsonl(tmp_path):
+    recs = [{"uid": "a", "split": "train", "turns": [{"prompt_ids": [1], "answer_ids": [2, 3]}]}]
+    C.write_shard(tmp_path / "shard_00000.jsonl.gz", recs)
+    assert not list(tmp_path.glob("*.tmp"))
+    with gzip.open(tmp_path / "shard_00000.jsonl.gz", "rt") as f:
+        assert [json.loads(x) for x in f] == recs
+    assert list(C.iter_records(tmp_path, split="heldout")) == []
+
+
+def test_features_recomputed_equal_a_fresh_forward(tiny, tmp_path):
+    model, tok, _ = tiny
+    shards = C.plan(_pool(), shard_size=4)
+    C.build(shards, tmp_path / "run", model, tok, max_new=5, gen_batch=3, max_shards=1, model_name="tiny")
+    recs = list(C.iter_records(tmp_path / "run"))
+    feats = Fe.build_feature_shard(model, recs, max_len=256, batch_tokens=200, pad_id=0)
+    seqs = [s for r in recs for s in Fe.sequences_of(r, 256)]
+    off = feats["offsets"].tolist()
+    assert len(off) == len(seqs) + 1 and feats["hidden"].dtype == torch.float16
+    for k, (ids, mask) in enumerate(seqs):
+        a, b = off[k], off[k + 1]
+        assert feats["input_ids"][a:b].tolist() == ids and feats["loss_mask"][a:b].tolist() == mask
+        with torch.no_grad():
+            fresh = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        torch.testing.assert_close(feats["hidden"][a:b].float(), fresh, atol=2e-3, rtol=2e-3)
+
+
+# ------------------------------------------------------------------------------ multi-step loss
+def _tiny_head(seed=0, H=16, V=23):
+    from transformers import LlamaConfig
+
+    from eagle.model.head import EagleHead
+
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    head = EagleHead(cfg).eval()
+    return head
+
+
+@pytest.mark.parametrize("steps", [2, 3, 4])
+def test_unrolled_step_equals_inference_on_own_features(steps):
+    """Depth j at position t: the head's own depth j-1 output is the input, attention as at inference."""
+    from transformers import DynamicCache
+
+    head = _tiny_head()
+    L, H = 12, 16
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 23, (1, L), generator=g)
+    hid = torch.randn(1, L, H, generator=g)
+    with torch.no_grad():
+        outs = T.unrolled_features(head, ids[:, 1:], hid[:, :-1], steps)
+        for r in range(0, L - steps):  # root position r: committed head positions 0..r
+            cache = DynamicCache(config=head.config)
+            o = head(ids[:, 1:r + 2], hid[:, :r + 1], cache=cache)[:, -1:]
+            torch.testing.assert_close(outs[0][:, r], o[:, 0], atol=1e-5, rtol=1e-5)
+            for j in range(2, steps + 1):
+                t = r + j - 1  # draft depth j predicts x_{t+2} from (x_{t+1}, own feature)
+                o = head(ids[:, t + 1:t + 2], o, cache=cache)
+                torch.testing.assert_close(outs[j - 1][:, t], o[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_unroll_mask_rows():
+    m = T.unroll_mask(5, 3)[0, 0] == 0
+    # query t=4, step 3, root r=2: step-1 keys 0..2, step-2 key at 3, own key at 4
+    assert m[4].nonzero().flatten().tolist() == [0, 1, 2, 5 + 3, 10 + 4]
+    assert m[1].nonzero().flatten().tolist() == [10 + 1]  # no committed context: only itself
+
+
+def test_unrolled_loss_depth1_matches_eagle_loss_and_decreases_when_training():
+    head = _tiny_head().train()
+    g = torch.Generator().manual_seed(2)
+    B, L, H, V = 3, 10, 16, 23
+    ids = torch.randint(0, V, (B, L), generator=g)
+    hid = torch.randn(B, L, H, generator=g)
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[:, 4:] = True
+    W = torch.randn(V, H, generator=g)
+    l1, s1 = T.eagle_loss(head, W, ids, hid, mask)
+    l2, s2 = T.unrolled_loss(head, W, ids, hid, mask, steps=1)
+    torch.testing.assert_close(l1, l2, atol=1e-5, rtol=1e-5)
+    assert s1["acc"] == s2["acc"] and s2["n_by_depth"] == [s1["n"]]
+    opt = torch.optim.Adam([p for n, p in head.named_parameters() if not n.startswith("embed")], lr=1e-2)
+    first = None
+    for _ in range(30):
+        loss, st = T.unrolled_loss(head, W, ids, hid, mask, steps=3, w_tv=0.5)
+        first = first if first is not None else float(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss) < 0.7 * first
+    assert st["n_by_depth"] == [B * 6] * 3  # t = 3..8 (x_{t+1} is a response token), all have a root
+    mask[:, 1:] = True
+    _, st = T.unrolled_loss(head, W, ids, hid, mask, steps=3)
+    assert st["n_by_depth"] == [B * 9, B * 8, B * 7]  # depth j needs a committed root t - j + 1 >= 0
+    assert len(st["acc_by_depth"]) == 3 and 0.0 <= st["tv"] <= 1.0
+
+
+def test_train_cli_unroll_and_depth_eval(tiny, tmp_path):
+    model, tok, folder = tiny
+    shards = C.plan(_pool(), shard_size=4)
+    C.build(shards, tmp_path / "run", model, tok, max_new=6, gen_batch=4, max_shards=4, model_name="tiny")
+    Fe.main(["--corpus", str(tmp_path / "run"), "--out", str(tmp_path / "feat"), "--base", str(folder),
+             "--threads", "1"])
+    data = tmp_path / "feat" / "train"
+    log = T.main(["--base", str(folder), "--data", str(data), "--out", str(tmp_path / "head"), "--max-steps", "12",
+                  "--lr", "3e-3", "--warmup", "2", "--batch-tokens", "512", "--val-frac", "0.3", "--log-every", "4",
+                  "--unroll", "3", "--eval-depths", "4", "--w-tv", "0.2", "--threads", "1", "--eval-at-start"])
+    ev = log["eval"][-1]
+    assert len(ev["acc_by_depth"]) == 4 and len(ev["top4_by_depth"]) == 4
+    assert all(0.0 <= a <= b <= 1.0 for a, b in zip(ev["acc_by_depth"], ev["top4_by_depth"]))
+    assert log["eval"][-1]["loss"] < log["eval"][0]["loss"]
