@@ -73,13 +73,33 @@ class EagleTreeDrafter:
     """EAGLE-1 drafting over a static tree with an :class:`~eagle.model.head.EagleHead`.
 
     Args:
-        head: the draft head (its ``embed_tokens`` set).
+        head: the draft head (its ``embed_tokens`` set). When ``head.d2t`` (LongTensor ``[K]``, a
+            draft vocabulary, see :meth:`~eagle.model.head.EagleHead.set_draft_vocab`) is set, the draft
+            logits are computed for those K target tokens only (the lm_head's K rows), the processed
+            draft law lives on them and is zero on every other token (lossless: the verifiers use
+            that law; tokens outside it come from the residual / bonus draws).
         lm_head: the target's output projection (``[H] -> [V]``), shared with the target.
     """
 
     def __init__(self, head, lm_head):
         self.head = head
         self.lm_head = lm_head
+        self._draft_rows = (None, None)  # (d2t it was made for, lm_head.weight[d2t] [K, H])
+
+    def _draft_logits(self, hidden: torch.Tensor):
+        """Draft logits ``[n, K]`` (float32) and ``d2t`` (None = the full vocabulary, K = V)."""
+        d2t = getattr(self.head, "d2t", None)
+        if d2t is None:
+            return self.lm_head(hidden).float(), None
+        d2t = d2t.to(hidden.device)
+        cached, rows = self._draft_rows
+        w = self.lm_head.weight
+        if cached is None or cached is not self.head.d2t or rows.device != w.device or rows.dtype != w.dtype:
+            rows = w.detach()[d2t].contiguous()  # [K, H], made once per draft vocabulary
+            self._draft_rows = (self.head.d2t, rows)
+        bias = getattr(self.lm_head, "bias", None)
+        logits = torch.nn.functional.linear(hidden, rows, None if bias is None else bias[d2t])
+        return logits.float(), d2t
 
     @torch.no_grad()
     def consume(self, head_cache, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -147,7 +167,7 @@ class EagleTreeDrafter:
                                     attention_mask=additive_mask(level.visible, committed, mask_dtype),
                                     cache=head_cache)
                     hidden[expand] = out[0]
-                logits = self.lm_head(hidden[expand]).float()
+                logits, d2t = self._draft_logits(hidden[expand])  # [e, K]
                 if defer_check:  # NaN/inf reported after the one sync below; draw from finite stand-ins
                     extremes.append(torch.stack(torch.aminmax(logits)))
                     logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
@@ -157,9 +177,14 @@ class EagleTreeDrafter:
                     q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
                 else:
                     q = _probs_unchecked(logits, cfg)
-                draft_probs[expand] = q
+                if d2t is None:
+                    draft_probs[expand] = q
+                else:  # the law over the K draft tokens, zero elsewhere
+                    draft_probs[expand[:, None], d2t[None, :]] = q
                 for m, rows, child_idx in level.groups:
-                    kids = draw_children(q[rows], min(m, vocab), rule, generator)  # [g, min(m, V)]
+                    kids = draw_children(q[rows], min(m, q.shape[1]), rule, generator)  # [g, min(m, K)]
+                    if d2t is not None:  # draft index -> target token (-1 = not drafted stays)
+                        kids = torch.where(kids >= 0, d2t[kids.clamp(min=0)], kids)
                     if kids.shape[1] < m:  # more children than tokens: the extra ones are pruned
                         kids = torch.cat([kids, kids.new_full((kids.shape[0], m - kids.shape[1]), -1)], 1)
                     tokens[child_idx.flatten()] = kids.flatten().to(device)

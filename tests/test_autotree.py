@@ -98,3 +98,18 @@ def test_resolve_auto_tree_measures_once_then_caches(tmp_path, monkeypatch, caps
         m.ea_layer.fc.bias.add_(1e-3)
     with pytest.raises(AssertionError, match="measured again"):
         resolve_auto_tree(m, 1.0, cache_root=tmp_path, contexts=ctx, max_nodes=6)
+
+
+def test_eagenerate_auto_tree_is_fitted_once_and_stays_lossless(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNIVER_EAGLE_CACHE", str(tmp_path))
+    m = tiny_ea_model(vocab_size=16, seed=4, aligned=True)
+    prompt = torch.tensor([[1, 5, 2, 7]])
+    ref = m.naivegenerate(prompt, temperature=0.0, max_new_tokens=12)
+    out = m.eagenerate(prompt, temperature=0.0, max_new_tokens=12, tree_choices="auto")
+    assert torch.equal(out, ref)
+    assert len(list((tmp_path / "auto_tree").glob("*.json"))) == 1
+    choices = m.resolve_tree("auto", 0.0)
+    build_tree(choices)
+    monkeypatch.setattr(autotree, "resolve_auto_tree", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    assert torch.equal(m.eagenerate(prompt, temperature=0.0, max_new_tokens=12, tree_choices="AUTO"), ref)
+    assert m.resolve_tree("2x2") == "2x2"

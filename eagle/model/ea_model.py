@@ -244,8 +244,23 @@ class EaModel(nn.Module):
         cfg = _sampling_config(temperature, top_p, top_k)
         name = self.verifier if verifier is None else verifier
         v = _select_verifier(name, cfg)
-        tree = build_tree(tree_choices if tree_choices is not None else self.tree_choices)
+        spec = tree_choices if tree_choices is not None else self.tree_choices
+        tree = build_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
         return cfg, v, tree
+
+    def resolve_tree(self, spec, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
+        """``spec`` unchanged, except ``"auto"``: the static tree fitted to this model, head and machine at
+        this sampling setting (:func:`eagle.autotree.resolve_auto_tree`: measured once per machine and
+        cached on disk, remembered per model object; the choice and why are printed to stderr)."""
+        if not (isinstance(spec, str) and spec.strip().lower() == "auto"):
+            return spec
+        key = (0.0, 1.0, 0) if temperature == 0 else (float(temperature), float(top_p), int(top_k))
+        memo = self.__dict__.setdefault("_auto_trees", {})
+        if key not in memo:
+            from ..autotree import resolve_auto_tree  # measures with this model (duck-typed, no cycle)
+
+            memo[key] = resolve_auto_tree(self, *key)
+        return memo[key]
 
     def _score_tree(self, cache, head_cache, root: int, pending_tokens, pending_feats, tree, rule, cfg, gen,
                     timer=None):
@@ -423,7 +438,8 @@ class EaModel(nn.Module):
             drafting = _select_verifier(self.verifier.name, cfg).drafting
         if drafting not in _DRAFTING_RULES:
             raise ValueError(f"unknown drafting rule {drafting!r}; use one of {_DRAFTING_RULES}")
-        tree = build_tree(tree_choices if tree_choices is not None else self.tree_choices)
+        tree = build_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
+                                            cfg.temperature, cfg.top_p, cfg.top_k))
         input_ids = self._prepare(input_ids, 1)
         if input_ids.shape[1] < 2:
             raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")

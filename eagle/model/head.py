@@ -26,6 +26,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 __all__ = ["EagleHead", "CheckpointMismatchError", "head_config_from_base"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+#: optional draft vocabulary beside the weights (``d2t``: int64 [K], see eagle.train.draft_vocab)
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
 
 class CheckpointMismatchError(ValueError):
@@ -72,6 +74,29 @@ class EagleHead(nn.Module):
         # (the target keeps them in float32; see _apply)
         self._rope_float32 = {k: b.detach().clone().float() for k, b in self.rotary_emb.named_buffers()
                               if b.is_floating_point()}
+        # draft vocabulary (not part of the checkpoint's state dict): None = the full target vocabulary
+        self.register_buffer("d2t", None, persistent=False)
+
+    def set_draft_vocab(self, d2t) -> None:
+        """Restrict the draft law to the target tokens ``d2t`` (LongTensor ``[K]``, strictly increasing
+        ids in ``[0, vocab_size)``; draft index i = target token ``d2t[i]``), or None for all tokens.
+
+        Raises:
+            ValueError: not 1-D integer, empty, unsorted / repeated, or outside the vocabulary.
+        """
+        if d2t is None:
+            self.d2t = None
+            return
+        d2t = torch.as_tensor(d2t)
+        if d2t.dim() != 1 or d2t.numel() == 0 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+            raise ValueError(f"draft vocabulary d2t must be a non-empty 1-D integer tensor, got shape "
+                             f"{tuple(d2t.shape)} and dtype {d2t.dtype}")
+        d2t = d2t.to(torch.long)
+        if d2t.numel() > 1 and bool((d2t[1:] <= d2t[:-1]).any()):
+            raise ValueError("draft vocabulary d2t must be strictly increasing (sorted, no repeats)")
+        if int(d2t[0]) < 0 or int(d2t[-1]) >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary d2t has ids outside the vocabulary [0, {self.config.vocab_size})")
+        self.d2t = d2t.to(self.fc.weight.device)
 
     def _apply(self, fn, recurse: bool = True):
         """``.to(dtype)`` / ``.half()`` cast weights only: the rotary buffers stay float32 (as in the
@@ -131,7 +156,7 @@ class EagleHead(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, embedding: nn.Embedding | None = None,
                         dtype: torch.dtype = torch.float32, device="cpu", attn_implementation: str = "sdpa",
-                        **hub_kwargs) -> "EagleHead":
+                        draft_vocab: bool = True, **hub_kwargs) -> "EagleHead":
         """Load a public EAGLE-1 head checkpoint as it is.
 
         Args:
@@ -140,6 +165,8 @@ class EagleHead(nn.Module):
             embedding: the target's input embedding, used when the checkpoint has no
                 ``embed_tokens.weight``.
             dtype, device: where the weights go.
+            draft_vocab: load the optional ``draft_vocab.safetensors`` beside the weights (a head
+                without it drafts over the full vocabulary).
 
         Raises:
             FileNotFoundError: no config / weight file.
@@ -180,6 +207,13 @@ class EagleHead(nn.Module):
                 raise CheckpointMismatchError(f"{folder}: checkpoint has no embed_tokens.weight and no target "
                                               "embedding was given")
             model.tie_embeddings(embedding)
+        if draft_vocab and (folder / DRAFT_VOCAB_FILE).exists():
+            from safetensors.torch import load_file
+
+            try:
+                model.set_draft_vocab(load_file(str(folder / DRAFT_VOCAB_FILE))["d2t"])
+            except (KeyError, ValueError) as e:
+                raise CheckpointMismatchError(f"{folder / DRAFT_VOCAB_FILE}: {e}") from e
         return model
 
     def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype = torch.float16,

@@ -28,10 +28,11 @@ from typing import Iterable
 
 import torch
 
+from ..model.head import DRAFT_VOCAB_FILE
+
 __all__ = ["DRAFT_VOCAB_FILE", "count_tokens", "corpus_answer_ids", "alpaca_answer_ids", "top_k_vocab",
            "save_draft_vocab", "load_draft_vocab", "main"]
 
-DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 _ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = _ROOT / "data" / "distill"
 
