@@ -70,7 +70,10 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
     Returns:
         ``[..., V]`` float32 probabilities (rows sum to 1). With temperature 0 the row is the
-        one-hot of ``argmax`` (lowest index wins a tie, as :func:`greedy_token`).
+        one-hot of ``argmax`` (lowest index wins a tie, as :func:`greedy_token`). Every
+        temperature > 0 is supported: one so small that the processed law is numerically one-hot
+        (about 1e-3 times the logit gap and below, down to 5e-324) gives that limit law, the
+        uniform law over the tokens tied at the maximum logit (one-hot when the maximum is unique).
 
     Raises:
         ValueError: if ``logits`` holds NaN or inf.
@@ -79,8 +82,11 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         return torch.nn.functional.one_hot(greedy_token(logits), logits.shape[-1]).float()
-    # shift by the row max first: a tiny temperature then gives 0 / -inf instead of inf - inf = NaN
-    x = (logits - logits.amax(dim=-1, keepdim=True)) / cfg.temperature
+    # shift by the row max first, and keep the maxima at exactly 0: any temperature > 0, however
+    # small (even one that rounds to 0 in float32), gives finite / -inf scores, never NaN; the law
+    # is then its limit, uniform over the tokens tied at the maximum logit
+    d = logits - logits.amax(dim=-1, keepdim=True)
+    x = torch.where(d == 0, torch.zeros_like(d), d / cfg.temperature)
     if cfg.top_k > 0 and cfg.top_k < x.shape[-1]:
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

@@ -15,7 +15,7 @@ import torch
 
 from eagle.verify.checks import TreeStructure, prepare_step
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import remaining_mass, sample_with_uniform
+from eagle.verify.rules import remaining_mass, sample_with_uniform, scaled_residual
 
 __all__ = ["verify", "outcome_probs", "greedy_kernel", "single_step_plan"]
 
@@ -30,21 +30,30 @@ def _residual_parts(B: torch.Tensor, q: torch.Tensor, top_tokens: list[int], las
 
 
 def single_step_plan(B: torch.Tensor, q: torch.Tensor, child_tokens: list[int]) -> torch.Tensor:
-    """Greedy's single-step plan at one node.
+    """Greedy's single-step plan at one node, in float64.
 
     Args:
         B: ``[V]`` target law M_b(.|v); q: ``[V]`` full draft law M_s(.|v).
         child_tokens: the m children tokens (top-(m-1) first, the sampled one last).
 
     Returns:
-        ``[V]``: P(the token after v is x), i.e. a_m on u_m plus (1 - a_m) norm(max(B - Q, 0)).
+        float64 ``[V]``: P(the token after v is x), i.e. a_m on u_m plus (1 - a_m) norm(max(B - Q, 0)).
+        Float64 because c = 1 / (the draft mass off the top tokens) can exceed float32's range
+        (a denormal residual mass, as at low temperatures).
     """
     top, last = list(child_tokens[:-1]), child_tokens[-1]
+    B, q = B.double(), q.double()
     c, a = _residual_parts(B, q, top, last)
     Q = c * q
     if top:
         Q[top] = 0.0
     r = (B - Q).clamp(min=0)
+    r[last] = 0.0  # a < 1 means B(u_m) < Q(u_m); exact zero against rounding
+    if not float(r.sum()) > 0 and a < 1:  # the residual is below rounding (B ~ Q): as greedy_kernel
+        r = B.clone()
+        r[list(child_tokens)] = 0.0
+        if not float(r.sum()) > 0:
+            r = B.clone()
     s = r.sum()
     plan = (1.0 - a) * (r / s) if s > 0 else torch.zeros_like(B)
     plan[last] += a
@@ -72,11 +81,11 @@ def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.T
         if u[ch[-1]][0] < a:
             v = ch[-1]
             continue
-        r = torch.add(B, q, alpha=-c).clamp_(min=0)  # max(B - Q, 0) off the top tokens
+        r = scaled_residual(B, q, c)  # max(B - Q, 0) off the top tokens
         if top:
-            r[top] = B[top]  # Q = 0 there
+            r[top] = B[top].to(r.dtype)  # Q = 0 there
         r[last] = 0.0  # a < 1 means B(u_m) < Q(u_m)
-        if not float(r.sum()) > 0:  # probability 0 (a < 1 leaves residual mass); stay lossless-safe
+        if not float(r.sum()) > 0:  # the residual is below rounding (B ~ Q); as single_step_plan
             r = B.clone()
             r[ctok] = 0.0
             if not float(r.sum()) > 0:
@@ -108,16 +117,16 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     """
     st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
     tok = tokens.tolist()
-    out = torch.zeros_like(target_probs)
+    out = torch.zeros_like(target_probs, dtype=torch.float64)
     reach = [0.0] * st.num_nodes
     reach[0] = 1.0
     for v in range(st.num_nodes):
         ch = st.children[v]
         if not ch:
-            out[v] = reach[v] * target_probs[v]
+            out[v] = reach[v] * target_probs[v].double()
             continue
         ctok = [tok[c] for c in ch]
-        B, q = target_probs[v], draft_probs[v].clone()
+        B, q = target_probs[v], draft_probs[v]
         if _broken == "full_draft":
             plan = single_step_plan(B, q, [ctok[-1]])  # ignores the top-(m-1) removal
         else:
@@ -127,7 +136,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
         row = reach[v] * plan
         row[ctok] = 0.0
         out[v] = row
-    return out
+    return out.to(target_probs.dtype)
 
 
 VERIFIER = register_verifier(Verifier(

@@ -17,7 +17,7 @@ import torch
 
 from eagle.verify.checks import TreeStructure, prepare_step
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import sample_with_uniform
+from eagle.verify.rules import SCALE_CAP_F32, sample_with_uniform, scaled_residual
 
 __all__ = ["verify", "outcome_probs", "traversal_kernel"]
 
@@ -69,13 +69,20 @@ class _State:
         al = self.alpha[v]
         # unnormalised rows and their masses: P = P_raw / Pm, Q = Q_raw / Qm. Then
         # max(al P - Q, 0) = (al / Pm) max(P_raw - coef Q_raw, 0) with coef = Pm / (al Qm): one pass
-        # and no normalised copies (the cap avoids subnormal products for tiny alpha).
+        # and no normalised copies. A coef beyond float32's safe range (tiny alpha or a denormal
+        # draft mass) is applied in float64 as k max(P_raw - coef Q_raw, 0) = max(k P_raw - Q_raw, 0)
+        # with k = al Qm / Pm (exact; k P_raw underflows only when S < 1e-300).
         P_raw, Pm = (self.P[v], self.Pm[v]) if v in self.P else (self.target[v], 1.0)
         Q_raw, Qm = (self.Q[v], self.Qm[v]) if v in self.Q else (self.draft[v], 1.0)
-        coef = min(Pm / (al * Qm), 1e30) if al > 0 and Qm > 0 else (1e30 if Qm > 0 else 0.0)
-        r = torch.add(P_raw, Q_raw, alpha=-coef).clamp_(min=0)
-        r_mass = float(r.sum())
-        S = al / Pm * r_mass
+        k = al * Qm / Pm
+        if k * SCALE_CAP_F32 >= 1.0:
+            r = scaled_residual(P_raw, Q_raw, 1.0 / k)
+            r_mass = float(r.sum())
+            S = al / Pm * r_mass
+        else:
+            r = (P_raw.double() * k - Q_raw.double()).clamp_(min=0)
+            r_mass = float(r.sum())
+            S = r_mass / Qm if Qm > 0 else 0.0
         if S > 0:
             self.P[v], self.Pm[v] = r, r_mass
         else:  # alpha(v) = 0 (v can no longer be accepted): keep the row, never sampled
@@ -135,6 +142,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     rejection (not lossless).
     """
     st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
+    dtype, target_probs, draft_probs = target_probs.dtype, target_probs.double(), draft_probs.double()  # exact law: float64
     out = torch.zeros_like(target_probs)
     s = _State(st, tokens.tolist(), target_probs, draft_probs, _broken)
     mass = 1.0
@@ -149,7 +157,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
         if node == 0:
             break
         s.reject(node)
-    return out
+    return out.to(dtype)
 
 
 VERIFIER = register_verifier(Verifier(

@@ -38,7 +38,7 @@ import torch
 
 from eagle.verify.checks import TreeStructure, prepare_step, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import BLOCK_ELEMENTS, remaining_masses, sample_with_uniform
+from eagle.verify.rules import BLOCK_ELEMENTS, remaining_masses, sample_with_uniform, scaled_residual
 
 __all__ = ["Allocation", "allocate", "positive_part_sums", "decide", "univer_kernel", "allocation_row", "verify", "outcome_probs"]
 
@@ -64,8 +64,10 @@ class Allocation:
     threshold: torch.Tensor
 
 
-#: cap on c / p~ in the dense reduction (see :func:`allocate`)
-LAMBDA_CAP = 1e30
+#: cap on lam = c / p~ in the dense reduction (see :func:`allocate`). c <= 1 / 1.4e-45 (the draft mass
+#: off the top tokens is at least one positive float32), so lam > 1e60 means p~ < 1e-15: the cap then
+#: changes S = p~ sum_x max(B - lam q, 0) by less than p~, below 1e-15
+LAMBDA_CAP = 1e60
 
 
 @dataclass(frozen=True)
@@ -150,23 +152,40 @@ def positive_part_sums(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor) -> t
     """Row sums of max(B - lam q, 0): the dense part of UniVer's Eq. 3.
 
     Args:
-        B, q: float ``[k, V]`` (same dtype and device); lam: ``[k, 1]`` of that dtype.
+        B, q: float ``[k, V]`` (same dtype and device); lam: ``[k, 1]``, >= 0, of that dtype or
+            float64 (up to :data:`LAMBDA_CAP`).
 
     Returns:
-        ``[k]`` in the dtype of ``B``. Computed in row blocks of about :data:`BLOCK_ELEMENTS`
+        ``[k]`` in the dtype of ``B``. A float64 ``lam`` with float32 rows is applied as two
+        float32 factors sqrt(lam) (q times the first, then the second), each <= 1e30: lam beyond
+        float32's range (the inverse of a denormal residual draft mass, as at low temperatures)
+        stays exact, never inf * 0. Computed in row blocks of about :data:`BLOCK_ELEMENTS`
         through one reused scratch buffer: a fresh ``[k, V]`` temporary costs page faults and
         memory traffic (on CPU, k = 127, V = 152064: 95 ms at once against 15 ms blocked).
         Other devices take one pass.
     """
     k, V = B.shape
+    if lam.dtype == B.dtype:
+        lam1, lam2 = lam, None
+    else:
+        lam = lam.to(torch.float64)
+        lam1 = lam.sqrt()
+        lam2 = (lam / lam1.clamp_min(1e-300)).to(B.dtype)
+        lam1 = lam1.to(B.dtype)
+
+    def part(Bb, qb, l1, l2, out=None):
+        if l2 is not None:
+            qb = torch.mul(qb, l2, out=out)
+        return torch.addcmul(Bb, qb, l1, value=-1.0, out=out).clamp_(min=0)
+
     rows = max(1, BLOCK_ELEMENTS // max(V, 1))
     if k <= rows or B.device.type != "cpu":  # one fused pass suits a GPU
-        return torch.addcmul(B, q, lam, value=-1.0).clamp_(min=0).sum(1)
+        return part(B, q, lam1, lam2).sum(1)
     out = torch.empty(k, dtype=B.dtype, device=B.device)
     buf = torch.empty(rows, V, dtype=B.dtype, device=B.device)
     for r0 in range(0, k, rows):
         r1 = min(k, r0 + rows)
-        blk = torch.addcmul(B[r0:r1], q[r0:r1], lam[r0:r1], value=-1.0, out=buf[: r1 - r0]).clamp_(min=0)
+        blk = part(B[r0:r1], q[r0:r1], lam1[r0:r1], None if lam2 is None else lam2[r0:r1], out=buf[: r1 - r0])
         torch.sum(blk, 1, out=out[r0:r1])
     return out
 
@@ -205,7 +224,6 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
     B_last = Bc.gather(1, sh.last_col).squeeze(1)
     Q_last = (c * qc.gather(1, sh.last_col).squeeze(1)).clamp_min(1e-300)  # > 0: children have draft mass
     Bc_top = Bc * sh.is_top
-    is_top = sh.is_top.to(target_probs.dtype)
     inner_pt = torch.empty_like(c)  # p~ of the inner nodes
     inner_w = torch.empty_like(c)  # (1 - p_v(u_m)) / Z
     inner_pe = torch.empty_like(Bc)  # p_v at the children slots
@@ -215,18 +233,19 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
         # Eq. 4: p_v(u_m) = min(1, p~ B(u_m) / Q(u_m))
         a = (pt * B_last[r] / Q_last[r]).clamp_(max=1.0)
         # Eq. 3: Z = 1 - p~ + S, S = sum_x max(p~ B(x) - Q(x), 0) = p~ sum_x max(B - lam q, 0) with
-        # lam = c / p~ (capped: products like p~ B would be subnormal floats for tiny p~, 10-100x
-        # slower on CPU; the cap changes S by < 1e-30). Rows with a = 1 or p~ = 0 get w = 0.
-        lam = (c[r] / pt.clamp_min(1e-300)).clamp_(max=LAMBDA_CAP).to(target_probs.dtype).unsqueeze(1)
+        # lam = c / p~ (float64, capped at LAMBDA_CAP; products like p~ B would be subnormal floats
+        # for tiny p~, 10-100x slower on CPU). Rows with a = 1 or p~ = 0 get w = 0.
+        lam = (c[r] / pt.clamp_min(1e-300)).clamp_(max=LAMBDA_CAP).unsqueeze(1)  # float64 [k, 1]
         B, q = _take(target_probs, lv.first, lv.nodes), _take(draft_probs, lv.first, lv.nodes)  # [k, V]
         if _broken == "softmax_residual":
-            D = torch.softmax(B - lam * q, dim=-1)
+            lam_t = lam.clamp(max=1e30).to(target_probs.dtype)
+            D = torch.softmax(B - lam_t * q, dim=-1)
             dense, Dt = D.sum(1), D.gather(1, ctok[r])
         else:
             dense = positive_part_sums(B, q, lam)  # sum_x max(B - lam q, 0) over all x
-            Dt = torch.addcmul(Bc_raw[r], qc_raw[r], lam, value=-1.0).clamp_(min=0)
+            Dt = torch.addcmul(Bc[r], qc[r], lam, value=-1.0).clamp_(min=0)  # float64 at the children
         # on the top tokens Q = 0: max(B - lam q, 0) is replaced by B there
-        S = pt * (dense.to(f64) + Bc_top[r].sum(1) - (Dt * is_top[r]).sum(1).to(f64))
+        S = pt * (dense.to(f64) + Bc_top[r].sum(1) - (Dt.to(f64) * sh.is_top[r]).sum(1))
         Z = 1.0 - pt + S
         w = torch.where((a < 1) & (Z > 0), (1.0 - a) / Z.clamp_min(1e-300), 0.0)  # S = 0 when p~ = 0
         # Eqs. 5-6 at the top children (Q = 0 there), Eq. 4 at the sampled child
@@ -252,7 +271,8 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
 
 def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor,
                    draft_probs: torch.Tensor, v: int, *, children_zeroed: bool = True) -> torch.Tensor:
-    """p_v(x) over the vocabulary for inner node v (Eqs. 4-6), dtype of ``target_probs``.
+    """p_v(x) over the vocabulary for inner node v (Eqs. 4-6): dtype of ``target_probs``, or float64
+    where lam = c / p~ exceeds float32's range (see :func:`~eagle.verify.rules.scaled_residual`).
 
     With ``children_zeroed`` the children tokens are 0: the (unnormalised) law of y at v.
     Otherwise the row also holds p_v at the children (Eq. 4 at u_m); sum + p_v(not v) = 1.
@@ -261,9 +281,9 @@ def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, t
     pt, c, w = float(alloc.p_tilde[v]), float(alloc.scale[v]), float(alloc.weight[v])
     B, q = target_probs[v], draft_probs[v]
     lam = min(c / pt, LAMBDA_CAP) if pt > 0 else LAMBDA_CAP
-    row = torch.add(B, q, alpha=-lam).clamp_(min=0)  # max(p~B - Q, 0) / p~, no subnormal products
+    row = scaled_residual(B, q, lam)  # max(p~B - Q, 0) / p~, no subnormal products
     if len(ctok) > 1:
-        row[ctok[:-1]] = B[ctok[:-1]]
+        row[ctok[:-1]] = B[ctok[:-1]].to(row.dtype)
     row.mul_(w * pt)
     row[ctok[-1]] = 0.0
     if children_zeroed:
@@ -326,6 +346,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     ``"inner_ptilde"`` uses p~(v) instead of p~res(v) as the threshold of inner nodes.
     """
     st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
+    dtype, target_probs, draft_probs = target_probs.dtype, target_probs.double(), draft_probs.double()  # exact law: float64
     alloc = allocate(st, tokens, target_probs, draft_probs, _broken=_broken)
     thr_all = alloc.threshold
     if _broken == "inner_ptilde":
@@ -340,7 +361,7 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
             continue
         row = _y_row(alloc, st, tokens, target_probs, draft_probs, v)
         out[v] = float(p_node[v]) * row / row.sum()
-    return out
+    return out.to(dtype)
 
 
 VERIFIER = register_verifier(Verifier(

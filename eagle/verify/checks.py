@@ -14,10 +14,15 @@ import torch
 from .registry import DRAFTING_RULES
 
 __all__ = ["TreeStructure", "tree_structure", "structure_of", "check_tree_inputs", "prepare_step", "sum_tolerance",
-           "compute_dtype", "SUM_TOL"]
+           "compute_dtype", "SUM_TOL", "RENORMALISE_ABOVE"]
 
 #: Tolerance on |row sum - 1| for target rows and (inner-node) draft rows in float32 / float64.
 SUM_TOL = 1e-4
+
+#: float32 / float64 rows further than this from summing to 1 are divided by their sums at the door
+#: (validated calls), so the law used is that of the normalised rows; closer rows (every softmax
+#: row) are used as they are, which moves the outcome law by at most about that much.
+RENORMALISE_ABOVE = {torch.float32: 1e-6, torch.float64: 1e-12}
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -58,6 +63,13 @@ class TreeStructure:
     postorder_t: torch.Tensor
     inner_levels: tuple
     is_chain: bool
+
+
+@lru_cache(maxsize=256)
+def _inner_nodes(parents: tuple) -> torch.Tensor:
+    """LongTensor of the nodes with children, increasing (host)."""
+    st = tree_structure(parents)
+    return torch.tensor([v for v in range(st.num_nodes) if st.children[v]], dtype=torch.long)
 
 
 @lru_cache(maxsize=256)
@@ -123,15 +135,16 @@ def _first(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
 
 
-def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
+def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> torch.Tensor | None:
     """Rows ``probs`` (``[k, V]``) belong to ``nodes`` (``[k]``): finite, >= 0, sum to 1.
+    Returns the row sums ``[k]`` (None for no rows).
 
     Two row reductions: the sum and the minimum (NaN propagates through both; +inf makes the sum
     inf, -inf the minimum). ``torch.amin`` rather than ``torch.aminmax(dim=-1)``: the latter is
     ~20x slower on CPU (torch 2.13, measured in ``evaluation.bench_verify``'s setting).
     """
     if probs.shape[0] == 0:
-        return
+        return None
     s = probs.sum(-1, dtype=torch.float32) if probs.dtype in (torch.float16, torch.bfloat16) else probs.sum(-1)
     mn = probs.amin(-1)
     bad = ~torch.isfinite(s) | ~torch.isfinite(mn)
@@ -144,6 +157,7 @@ def _check_rows(probs: torch.Tensor, nodes: torch.Tensor, what: str) -> None:
     if bool(off.any()):
         i = _first(off)
         raise ValueError(f"node {int(nodes[i])}: {what} row sums to {float(s[i]):.6g}, not 1 (tol {tol:g})")
+    return s
 
 
 def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
@@ -171,6 +185,12 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             a child whose token has zero draft probability at its parent, or a tree inconsistent
             with ``drafting``.
     """
+    return _validate(parents, tokens, target_probs, draft_probs, drafting)[0]
+
+
+def _validate(parents, tokens, target_probs, draft_probs, drafting):
+    """:func:`check_tree_inputs`, also returning the row sums: ``(st, target sums [N], draft sums of
+    the inner nodes [I] or None)``."""
     for name, t in (("parents", parents), ("tokens", tokens), ("target_probs", target_probs),
                     ("draft_probs", draft_probs)):
         if not isinstance(t, torch.Tensor):
@@ -201,11 +221,11 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
     if bool(bad_tok.any()):
         i = _first(bad_tok)
         raise ValueError(f"node {i}: token {int(tokens[i])} is outside the vocabulary [0, {V})")
-    _check_rows(target_probs, torch.arange(n), "target_probs")
-    inner = torch.tensor([v for v in range(n) if st.children[v]], dtype=torch.long)
+    ts = _check_rows(target_probs, torch.arange(n), "target_probs")
+    inner = _inner_nodes(st.parents)
     if inner.numel() == 0:
-        return st
-    _check_rows(_rows(draft_probs, inner), inner, "draft_probs")
+        return st, ts, None
+    ds = _check_rows(_rows(draft_probs, inner), inner, "draft_probs")
     dev = draft_probs.device  # structure tensors are built on the host; move what meets the laws
     par = parents[1:].to(dev, torch.long)
     tok = tokens.to(dev, torch.long)
@@ -215,7 +235,7 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
         i = _first(zero) + 1
         raise ValueError(f"node {i}: token {int(tok[i])} has zero draft probability at its parent {st.parents[i]}")
     if drafting is None:
-        return st
+        return st, ts, ds
     # distinct children: (parent, token) pairs are unique
     key = par * V + tok[1:]
     if torch.unique(key).numel() != key.numel():
@@ -226,7 +246,7 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
                                  f"(drafting {drafting!r} draws distinct children)")
             seen[k] = i
     if drafting == "wor":
-        return st
+        return st, ts, ds
     for nodes, child_nodes, m in st.inner_levels:
         ntop = m - 1 if drafting == "topk_residual" else m
         kmax = int(ntop.max())
@@ -256,30 +276,57 @@ def check_tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, target_probs:
             what = f"first {int(ntop[r])}" if drafting == "topk_residual" else f"all {int(ntop[r])}"
             raise ValueError(f"node {v}: its {what} children are not the most probable tokens of its draft law "
                              f"(drafting {drafting!r})")
-    return st
+    return st, ts, ds
+
+
+def _renormalise(x: torch.Tensor, sums: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:
+    """``x`` (``[N, V]``, float32 / float64) with the rows ``rows`` (all if None) whose sums ``sums``
+    are more than :data:`RENORMALISE_ABOVE` away from 1 divided by their sums (a copy only then)."""
+    if sums is None:
+        return x
+    off = (sums.to(torch.float64) - 1.0).abs() > RENORMALISE_ABOVE[x.dtype]
+    if not bool(off.any()):
+        return x
+    scale = torch.where(off, sums.to(x.dtype), torch.ones_like(sums, dtype=x.dtype)).unsqueeze(1)
+    x = x.clone()
+    if rows is None:
+        x /= scale
+    else:
+        x[rows.to(x.device)] = x[rows.to(x.device)] / scale
+    return x
 
 
 def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                  drafting: str | None, check: bool = True):
     """The door of every verifier: validate (unless ``check`` is False) and bring the laws to the
-    dtype the kernels compute in.
+    dtype the kernels compute in, as normalised rows.
 
     Returns:
         ``(st, tokens, target_probs, draft_probs)``: the :class:`TreeStructure`, tokens as a
-        LongTensor, and the laws in :func:`compute_dtype` (float16 / bfloat16 rows are upcast to
-        float32 and divided by their sums, so the law used is the normalised row; float32 and
-        float64 laws pass through without a copy unless the two dtypes differ).
+        LongTensor, and the laws in :func:`compute_dtype`. float16 / bfloat16 rows are upcast to
+        float32 and divided by their sums (always, also with ``check=False``). float32 / float64
+        rows that sum to 1 only within the tolerance (more than :data:`RENORMALISE_ABOVE` away
+        from 1) are divided by their sums when ``check`` is True, so the law used is that of the
+        normalised rows; with ``check=False`` such rows are trusted as normalised (a softmax is,
+        to float rounding) and pass through without a copy.
 
     Raises:
         ValueError: as :func:`check_tree_inputs`.
     """
-    st = check_tree_inputs(parents, tokens, target_probs, draft_probs, drafting) if check else structure_of(parents)
+    if check:
+        st, tsum, dsum = _validate(parents, tokens, target_probs, draft_probs, drafting)
+    else:
+        st, tsum, dsum = structure_of(parents), None, None
     dt = compute_dtype(target_probs.dtype, draft_probs.dtype)
 
-    def bring(x: torch.Tensor) -> torch.Tensor:
+    def bring(x: torch.Tensor, sums, rows) -> torch.Tensor:
         if x.dtype in _LOW_PRECISION:
             x = x.to(dt)
             return x / x.sum(-1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
-        return x.to(dt)
+        if x.dtype != dt and sums is not None:  # float32 promoted to float64: sums in float64
+            x = x.to(dt)
+            sums = (x if rows is None else x[rows.to(x.device)]).sum(-1)
+        return _renormalise(x.to(dt), sums, rows)
 
-    return st, tokens.long(), bring(target_probs), bring(draft_probs)
+    return (st, tokens.long(), bring(target_probs, tsum, None),
+            bring(draft_probs, dsum, _inner_nodes(st.parents) if dsum is not None else None))

@@ -14,7 +14,7 @@ import torch
 
 from .checks import TreeStructure, prepare_step
 from .registry import Verifier, register_verifier
-from .rules import remaining_mass, sample_with_uniform
+from .rules import remaining_mass, sample_with_uniform, scaled_residual
 
 __all__ = ["verify", "outcome_probs", "rrsw_kernel"]
 
@@ -53,7 +53,7 @@ def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Ten
                 v, moved = c, True
                 break
             # rejection: p <- norm(max(p - q_cur, 0)); q_cur = q (removed tokens, where p = 0, aside) / q_mass
-            r = torch.add(p, q, alpha=-(p_mass / q_mass)).clamp_(min=0)
+            r = scaled_residual(p, q, p_mass / q_mass)
             r[t] = 0.0
             s = float(r.sum())
             if s > 0:  # s = 0 has probability 0 (a < 1 implies p(t) < q(t)); keep p then
@@ -101,15 +101,16 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
     """
     st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     tok = tokens.tolist()
-    out = torch.zeros_like(target_probs)
+    T, D = target_probs.double(), draft_probs.double()  # float64: residual scales up to 1 / (denormal mass)
+    out = torch.zeros_like(T)
     reach = [0.0] * st.num_nodes
     reach[0] = 1.0
     for v in range(st.num_nodes):
         ch = st.children[v]
         if not ch:
-            out[v] = reach[v] * target_probs[v]
+            out[v] = reach[v] * T[v]
             continue
-        p, q = target_probs[v].clone(), draft_probs[v].clone()
+        p, q = T[v].clone(), D[v].clone()
         stay = reach[v]
         for c in ch:
             t = tok[c]
@@ -117,14 +118,16 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
             reach[c] = stay * a
             stay *= 1.0 - a
             r = (p - q).clamp(min=0)
+            r[t] = 0.0  # a < 1 means p(t) < q(t); exact zero against rounding
             s = r.sum()
-            p = r / s if s > 0 else r
+            if s > 0:  # s = 0 only where a = 1 (nothing stays); keep p then
+                p = r / s
             if _broken != "full_draft":
                 q[t] = 0.0
                 qs = q.sum()
                 q = q / qs if qs > 0 else q
         out[v] = stay * p
-    return out
+    return out.to(target_probs.dtype)
 
 
 VERIFIER = register_verifier(Verifier(

@@ -13,13 +13,14 @@ The verifiers use exactly these laws; :func:`children_law` enumerates them for t
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
 from .registry import DRAFTING_RULES
 
 __all__ = ["draw_children", "stable_topk", "residual_draft", "remaining_mass", "remaining_masses", "children_law",
-           "sample_with_uniform"]
+           "sample_with_uniform", "scaled_residual", "SCALE_CAP_F32"]
 
 #: elements per row block of the batched passes (4 MiB in float32: stays in cache on CPU)
 BLOCK_ELEMENTS = 1 << 20
@@ -174,18 +175,35 @@ def children_law(q: torch.Tensor, m: int, rule: str) -> list[tuple[tuple[int, ..
         k = min(m, len(support))
         out = []
         for perm in itertools.permutations(support, k):
-            p, left = 1.0, 1.0
-            for x in perm:
-                p *= qv[x] / left
-                left -= qv[x]
+            p, used = 1.0, set()
+            for x in perm:  # the mass left is summed, never 1 - q(x...): that cancels for peaked laws
+                p *= qv[x] / math.fsum(qv[z] for z in support if z not in used)
+                used.add(x)
             out.append((perm, p))
         return out
     top = tuple(support[: m - 1])
     rest = support[m - 1:]
     if not rest:
         return [(top, 1.0)]
-    mass = sum(qv[x] for x in rest)
+    mass = math.fsum(qv[x] for x in rest)
     return [(top + (x,), qv[x] / mass) for x in rest]
+
+
+#: largest scale applied to a float32 row in place; larger ones (a residual draft mass below ~1e-30,
+#: e.g. denormal, as at low temperatures) are applied in float64, where 1 / (smallest float32) fits
+SCALE_CAP_F32 = 1e30
+
+
+def scaled_residual(p: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+    """``max(p - scale * q, 0)`` for rows ``p``, ``q`` (``[..., V]``) and a float ``scale >= 0``.
+
+    Computed in the rows' dtype while ``scale`` <= :data:`SCALE_CAP_F32` (or the rows are float64),
+    else in float64 (``scale`` up to 1 / 1.4e-45 there), so the residual of a denormal draft mass
+    is exact instead of an overflow. Returns a new tensor (float64 in the second case).
+    """
+    if scale <= SCALE_CAP_F32 or p.dtype == torch.float64:
+        return torch.add(p, q, alpha=-scale).clamp_(min=0)
+    return torch.add(p.double(), q.double(), alpha=-scale).clamp_(min=0)
 
 
 def sample_with_uniform(row: torch.Tensor, u: float) -> int:
