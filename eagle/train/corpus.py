@@ -179,11 +179,12 @@ def _build_pool(args) -> tuple[list[dict], dict]:
 
 def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int = 0, n_workers: int = 1,
           max_new: int = 256, max_prompt: int = 1024, gen_batch: int = 16, seed: int = 0, model_name: str = "",
-          max_shards: int = 0, max_minutes: float = 0.0) -> dict:
+          max_shards: int = 0, max_minutes: float = 0.0, split: str | None = None) -> dict:
     """Build the missing shards of a plan (:func:`plan`) into ``out`` (resumable, appends only).
 
     Shards already on disk are skipped; ``worker``/``n_workers`` select shards ``k % n_workers ==
-    worker``; ``max_shards`` / ``max_minutes`` bound this call. Returns ``{"written_shards",
+    worker``; ``split`` ("train" / "heldout") builds only shards of that split; ``max_shards`` /
+    ``max_minutes`` bound this call. Returns ``{"written_shards",
     "written_answer_tokens", "seconds"}``.
     """
     from tqdm import tqdm
@@ -191,7 +192,7 @@ def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    mine = [sh for sh in shards if sh["index"] % n_workers == worker
+    mine = [sh for sh in shards if sh["index"] % n_workers == worker and split in (None, sh["split"])
             and not (out / f"shard_{sh['index']:05d}.jsonl.gz").exists()]
     if max_shards:
         mine = mine[:max_shards]
@@ -201,6 +202,8 @@ def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int
         if max_minutes and time.time() - t0 > max_minutes * 60:
             bar.write(f"time budget of {max_minutes} min reached; stopping before shard {sh['index']}")
             break
+        if (out / f"shard_{sh['index']:05d}.jsonl.gz").exists():  # another worker wrote it meanwhile
+            continue
         ts = time.time()
         recs = build_shard(model, tok, sh, max_new=max_new, max_prompt=max_prompt, gen_batch=gen_batch, seed=seed,
                            model_name=model_name)
@@ -250,6 +253,8 @@ def main(argv: list[str] | None = None) -> dict:
     b.add_argument("--worker", default="0/1", help="I/N: build only shards whose index is I mod N")
     b.add_argument("--max-minutes", type=float, default=0.0, help="start no new shard after this (0: no limit)")
     b.add_argument("--max-shards", type=int, default=0, help="build at most this many shards now (0: no limit)")
+    b.add_argument("--split", choices=("train", "heldout"), default=None,
+                   help="build only shards of this split (e.g. the held-out shards first, for measuring heads)")
     s = sub.add_parser("stats", help="print corpus totals")
     s.add_argument("--root", default=str(DEFAULT_ROOT))
     args = ap.parse_args(argv)
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
     model_name = "SmolLM2-135M-Instruct" if args.base == "default" else args.base
     summary = build(shards, out, model, tok, worker=worker, n_workers=n_workers, max_new=args.max_new,
                     max_prompt=args.max_prompt, gen_batch=args.gen_batch, seed=args.seed, model_name=model_name,
-                    max_shards=args.max_shards, max_minutes=args.max_minutes - (time.time() - t0) / 60
+                    max_shards=args.max_shards, split=args.split, max_minutes=args.max_minutes - (time.time() - t0) / 60
                     if args.max_minutes else 0.0)
     summary.update(shards_done=len(list(out.glob("shard_*.jsonl.gz"))), shards_planned=len(shards))
     print(json.dumps(summary))

@@ -1,0 +1,105 @@
+"""Where a draft head loses acceptance: held-out top-1 / top-4 per draft depth, several heads side by side.
+
+``python -m eagle.train.heldout --heads data/heads/smollm2-135m-eagle[,OTHER] [--corpus data/distill]
+[--depths 5] [--max-records 96] [--json out.json]``
+
+The held-out records of the self-distillation corpus (``"split": "heldout"``, every 40th shard, never
+trained on) are encoded by the target (:mod:`eagle.train.features`), and each head is unrolled on its
+own features (:func:`eagle.train.train.evaluate` with ``depths``): at depth ``d`` the head has drafted
+``d - 1`` tokens of the target's own continuation and predicts the next one. ``top1[d]`` is the
+probability that its argmax is the target's argmax there (the greedy per-level acceptance along the
+accepted path), ``top4[d]`` that the target's argmax is among its 4 most probable tokens (what a tree
+with 4 children per node can catch). The product of ``top1[1..d]`` bounds a chain's acceptance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["heldout_sequences", "evaluate_heads", "main"]
+
+
+def heldout_sequences(model, corpus, max_records: int, max_len: int = 768, pad_id: int = 0) -> list[dict]:
+    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden)."""
+    from .corpus import iter_records
+    from .features import build_feature_shard
+
+    recs = []
+    for r in iter_records(corpus, split="heldout"):
+        recs.append(r)
+        if len(recs) >= max_records:
+            break
+    if not recs:
+        raise ValueError(f"{corpus}: no held-out records (shards k % 40 == 39; build them with "
+                         f"`python -m eagle.train.corpus build --split heldout`)")
+    t = build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id)
+    off = t["offsets"].tolist()
+    ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
+    return [{"ids": ids[a:b], "mask": mask[a:b], "hidden": t["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
+
+
+def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, batch_tokens: int = 2048) -> dict:
+    """``{head path: evaluate(...) dict with acc_by_depth / top4_by_depth / n_by_depth}``."""
+    from eagle.model.head import EagleHead
+
+    from .train import evaluate
+
+    emb = model.get_input_embeddings()
+    w = model.get_output_embeddings().weight.detach().float()
+    out = {}
+    for h in heads:
+        head = EagleHead.from_pretrained(h, embedding=emb).float()
+        out[h] = evaluate(head, w, seqs, batch_tokens, depths=depths)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Command-line entry point; prints a table and returns the results dict."""
+    from .corpus import DEFAULT_ROOT
+    from .data import _pad_id, load_base
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--heads", required=True, help="comma-separated head folders (public EAGLE-1 layout)")
+    ap.add_argument("--corpus", default=str(DEFAULT_ROOT))
+    ap.add_argument("--base", default="default")
+    ap.add_argument("--depths", type=int, default=5)
+    ap.add_argument("--max-records", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default="", help="also write the results here")
+    args = ap.parse_args(argv)
+    heads = [h for h in args.heads.split(",") if h]
+    for h in heads:
+        if not (Path(h) / "config.json").is_file():
+            ap.error(f"--heads: {h} has no config.json")
+    if args.depths < 1 or args.max_records < 1:
+        ap.error("--depths and --max-records must be >= 1")
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model, tok = load_base(args.base)
+    seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok))
+    res = evaluate_heads(heads, seqs, model, args.depths)
+    summary = {"corpus": str(args.corpus), "records": args.max_records, "sequences": len(seqs),
+               "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)), "depths": args.depths,
+               "seconds": round(time.time() - t0, 1),
+               "heads": {h: {"top1_by_depth": [round(x, 4) for x in r["acc_by_depth"]],
+                             "top4_by_depth": [round(x, 4) for x in r["top4_by_depth"]],
+                             "n_by_depth": r["n_by_depth"], "smoothl1": round(r["reg"], 4), "ce": round(r["ce"], 4),
+                             "tv": round(r["tv"], 4)} for h, r in res.items()}}
+    print(f"held-out: {summary['sequences']} sequences, {summary['positions']} positions at depth 1")
+    print("| head | " + " | ".join(f"top-1 d{d}" for d in range(1, args.depths + 1)) + " | "
+          + " | ".join(f"top-4 d{d}" for d in range(1, args.depths + 1)) + " |")
+    print("|---" * (1 + 2 * args.depths) + "|")
+    for h, r in summary["heads"].items():
+        print(f"| {h} | " + " | ".join(f"{x:.3f}" for x in r["top1_by_depth"]) + " | "
+              + " | ".join(f"{x:.3f}" for x in r["top4_by_depth"]) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
