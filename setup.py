@@ -9,10 +9,12 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1",  # pin torch==2.13.0 yourself on CPU machines (see requirements.txt)
-        "transformers>=5.0,<6",
+        "transformers>=5.24,<6",  # the oldest version the tests ran with
         "gguf>=0.10",
         "accelerate>=1.0",
         "safetensors>=0.4",
+        "sentencepiece>=0.2",  # Llama / Vicuna tokenizers (tokenizer.model)
+        "protobuf>=4",
         "tqdm>=4.60",
         "numpy>=1.24",
         "matplotlib>=3.7",

@@ -47,13 +47,21 @@ class EaModel(nn.Module):
         tokenizer: optional HF tokenizer.
         tree_choices: default tree (choices or a name, see :func:`eagle.tree.resolve_tree`).
         verifier: default verifier name (``"rrsw"``; ``univer_patch`` adds more).
+        float32_logits: compute the target's logits (both :meth:`eagenerate` and
+            :meth:`naivegenerate`) from a float32 copy of its lm_head: for a float16 / bfloat16 target
+            this removes the ties that the half-precision rounding of the logits creates (the
+            temperature-0 argmax is then taken from float32 logits); costs a float32 copy of lm_head.
 
     Raises:
         CheckpointMismatchError: head and target disagree on hidden size or vocabulary.
     """
 
-    def __init__(self, base_model, head: EagleHead, tokenizer=None, tree_choices=MC_SIM_7B_63, verifier: str = "rrsw"):
+    def __init__(self, base_model, head: EagleHead, tokenizer=None, tree_choices=MC_SIM_7B_63, verifier: str = "rrsw",
+                 float32_logits: bool = False):
         super().__init__()
+        #: compute the target's logits with a float32 copy of lm_head (see :meth:`target_forward`)
+        self.float32_logits = bool(float32_logits)
+        self._lm_head_f32 = None
         self.base_model = base_model
         self.ea_layer = head
         self.tokenizer = tokenizer
@@ -72,7 +80,8 @@ class EaModel(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, base_model_path: str | None = "default", ea_model_path: str | None = None,
-                        tree_choices=MC_SIM_7B_63, verifier: str = "rrsw", **hf_kwargs) -> "EaModel":
+                        tree_choices=MC_SIM_7B_63, verifier: str = "rrsw", float32_logits: bool = False,
+                        **hf_kwargs) -> "EaModel":
         """Load a target (local folder, hub id, or a GGUF via ``gguf_file=``) and an EAGLE-1 head.
 
         Args:
@@ -84,7 +93,8 @@ class EaModel(nn.Module):
                 ``gguf_file=...``, ``attn_implementation="sdpa"``).
 
         Raises:
-            ValueError: no head given for a non-default base.
+            ValueError: no head given for a non-default base; the base's tokenizer files exist but fail
+                to load (the message names the cause, e.g. missing ``sentencepiece``).
             CheckpointMismatchError: head keys/shapes disagree with its config or with the target.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -99,17 +109,15 @@ class EaModel(nn.Module):
         base = AutoModelForCausalLM.from_pretrained(base_model_path, **hf_kwargs)
         base.eval()
         tok_kwargs = {k: hf_kwargs[k] for k in ("gguf_file", "revision", "token") if k in hf_kwargs}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(base_model_path, **tok_kwargs)
-        except Exception:  # a base without tokenizer files still generates from ids
-            tokenizer = None
+        tokenizer = _load_tokenizer(AutoTokenizer, base_model_path, tok_kwargs)
         attn = getattr(base.config, "_attn_implementation", None) or "sdpa"
         if attn not in ("eager", "sdpa"):
             attn = "sdpa"
         head = EagleHead.from_pretrained(ea_model_path, embedding=base.get_input_embeddings(), dtype=base.dtype,
                                          device=base.device, attn_implementation=attn)
         head.eval()
-        return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier)
+        return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
+                   float32_logits=float32_logits)
 
     def set_verifier(self, verifier) -> None:
         """Make :meth:`eagenerate` draft and verify with ``verifier`` by default (a registry name).
@@ -158,7 +166,20 @@ class EaModel(nn.Module):
         out = self._body()(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                            cache=cache, use_cache=True)
         hidden = out.last_hidden_state
+        if self.float32_logits and hidden.dtype != torch.float32:
+            return hidden, self._float32_lm_head(hidden)
         return hidden, self.lm_head(hidden)
+
+    def _float32_lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``hidden.float() @ W.float()^T (+ b)`` with a cached float32 copy of the lm_head weight
+        (``V x H x 4`` bytes: 0.5 GB for a 32k x 4096 head; refreshed if the weight tensor is replaced)."""
+        w = self.lm_head.weight
+        key = (w.data_ptr(), w.device, w.shape)
+        if self._lm_head_f32 is None or self._lm_head_f32[0] != key:
+            b = getattr(self.lm_head, "bias", None)
+            self._lm_head_f32 = (key, w.detach().float(), None if b is None else b.detach().float())
+        _, wf, bf = self._lm_head_f32
+        return nn.functional.linear(hidden.float(), wf, bf)
 
     # ------------------------------------------------------------------ generation
     def _prepare(self, input_ids, max_new_tokens: int) -> torch.Tensor:
@@ -467,6 +488,31 @@ class TreeLaws:
     depth: torch.Tensor
     target_probs: torch.Tensor
     draft_probs: torch.Tensor
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def _load_tokenizer(auto_tokenizer, path, kwargs):
+    """The base's tokenizer, or None for a local folder that has no tokenizer files (ids still work).
+
+    Raises:
+        ValueError: the folder has tokenizer files (or ``path`` is a hub id / GGUF) but loading failed;
+            the message carries the cause (e.g. Llama/Vicuna ``tokenizer.model`` needs the
+            ``sentencepiece`` and ``protobuf`` packages).
+    """
+    from pathlib import Path
+
+    folder = Path(str(path))
+    if folder.is_dir() and "gguf_file" not in kwargs and not any((folder / f).exists() for f in TOKENIZER_FILES):
+        warnings.warn(f"{folder}: no tokenizer files; EaModel.tokenizer is None (generate from token ids)",
+                      stacklevel=3)
+        return None
+    try:
+        return auto_tokenizer.from_pretrained(str(path), **kwargs)
+    except Exception as e:
+        raise ValueError(f"{path}: the tokenizer failed to load ({type(e).__name__}: {e}). Llama/Vicuna "
+                         "tokenizers (tokenizer.model) need `pip install sentencepiece protobuf`") from e
 
 
 #: the parts of ``stats["timing"]`` (seconds)
