@@ -31,7 +31,7 @@ from ..tree.choices import MC_SIM_7B_63
 from ..verify import registry as _registry
 from ..verify.registry import get_verifier
 from .head import CheckpointMismatchError, EagleHead
-from .kv_cache import cache_length, keep_positions, new_cache
+from .kv_cache import cache_kwargs, cache_length, keep_positions, new_cache
 
 __all__ = ["EaModel", "TreeLaws", "PartTimer", "TIMING_PARTS"]
 
@@ -163,8 +163,9 @@ class EaModel(nn.Module):
             ``(features [1, n, H], logits [1, n, V])``; features are the last hidden states after the
             final norm.
         """
-        out = self._body()(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                           cache=cache, use_cache=True)
+        body = self._body()
+        out = body(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                   use_cache=True, **cache_kwargs(body, cache))
         hidden = out.last_hidden_state
         if self.float32_logits and hidden.dtype != torch.float32:
             return hidden, self._float32_lm_head(hidden)

@@ -23,6 +23,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from .kv_cache import cache_kwargs
+
 __all__ = ["EagleHead", "CheckpointMismatchError", "head_config_from_base"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -148,8 +150,8 @@ class EagleHead(nn.Module):
             attention_mask = _causal_additive(n, past, x.dtype, x.device)
         pos_emb = self.rotary_emb(x, position_ids)
         for layer in self.layers:
-            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                      use_cache=cache is not None, position_embeddings=pos_emb)
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
+                      position_embeddings=pos_emb, **cache_kwargs(layer, cache))
         return x
 
     # ------------------------------------------------------------------ checkpoint I/O

@@ -8,10 +8,25 @@ cache would remove; see the README's engine notes.)
 """
 from __future__ import annotations
 
+import inspect
+from functools import lru_cache
+
 import torch
 from transformers import DynamicCache
 
-__all__ = ["new_cache", "cache_length", "truncate_cache", "keep_positions"]
+__all__ = ["new_cache", "cache_length", "truncate_cache", "keep_positions", "cache_kwargs"]
+
+
+@lru_cache(maxsize=None)
+def _cache_arg(cls) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(module, cache) -> dict:
+    """``{name: cache}`` with the keyword ``module.forward`` takes for its KV cache: ``cache``
+    (transformers >= 5.2x) or ``past_key_values`` (earlier 5.x, e.g. 5.17)."""
+    return {_cache_arg(type(module)): cache}
 
 
 def new_cache(config) -> DynamicCache:
