@@ -8,7 +8,7 @@ dynamic tree, an independent small model) plugs in by returning the same object.
 Host synchronisations on an accelerator: drafting itself makes none of its own (the expansion plan is
 static and on the device; nodes that turn out undrafted are expanded anyway and pruned afterwards);
 building the :class:`DraftTree` makes ONE (the drafted tokens and the logits' finiteness flag come back
-together). The drafting rules' own kernels may add theirs (eagle.verify.rules / eagle.rules).
+together). The drafting rules' own kernels may add theirs (eagle.rules).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .model.kv_cache import cache_length, truncate_cache
 from .model.packed_linear import packed_rows
 from .sampling import SamplingConfig, check_logits, logits_to_probs
 from .tree import TreeBuffers, additive_mask
-from .verify.rules import draw_children
+from .rules import draw_children
 
 __all__ = ["DraftTree", "EagleTreeDrafter"]
 

@@ -11,7 +11,7 @@ import numbers
 
 import torch
 
-__all__ = ["SamplingConfig", "logits_to_probs", "check_logits", "sample_from", "greedy_token"]
+__all__ = ["SamplingConfig", "logits_to_probs", "check_logits", "sample_from", "sample_with_uniform", "greedy_token"]
 
 
 class SamplingConfig:
@@ -61,7 +61,7 @@ def check_logits(logits: torch.Tensor, what: str = "logits") -> None:
         raise ValueError(f"{what} contain NaN or inf (first at index {bad})")
 
 
-def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig, *, check: bool = True) -> torch.Tensor:
     """Processed next-token law from logits.
 
     Args:
@@ -75,10 +75,14 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         (about 1e-3 times the logit gap and below, down to 5e-324) gives that limit law, the
         uniform law over the tokens tied at the maximum logit (one-hot when the maximum is unique).
 
+    ``check=False`` skips :func:`check_logits` (a host sync) for callers that check the logits
+    themselves (the engine, once per cycle).
+
     Raises:
-        ValueError: if ``logits`` holds NaN or inf.
+        ValueError: if ``logits`` holds NaN or inf (with ``check``).
     """
-    check_logits(logits)
+    if check:
+        check_logits(logits)
     logits = logits.float()
     if cfg.greedy:
         return torch.nn.functional.one_hot(greedy_token(logits), logits.shape[-1]).float()
@@ -116,3 +120,19 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -
         raise ValueError("cannot sample from a law with no positive mass")
     out = torch.multinomial(flat.float(), 1, generator=generator).squeeze(-1)
     return out.reshape(probs.shape[:-1])
+
+
+def sample_with_uniform(row: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw of one token from a non-negative row ``[V]`` (need not be normalised).
+
+    ``u`` in [0, 1) is the uniform; a pure function, so verifiers can take their uniforms as input.
+    A zero-probability token is never returned. Raises ``ValueError`` if the row has no mass.
+    """
+    cdf = torch.cumsum(row, 0)
+    total = float(cdf[-1])
+    if not total > 0:
+        raise ValueError("cannot sample from a row with no positive mass")
+    i = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=cdf.dtype, device=cdf.device), right=True))
+    if i >= row.numel():  # only when u * total rounds up to the total
+        i = int((row > 0).nonzero()[-1, 0])
+    return i

@@ -2,11 +2,13 @@
 
     python -m evaluation.bench_verify [--quick] [--out runs/bench_verify.json]
 
-Trees 2x5, 3x3, mc_sim_7b_63 and balanced(2,7) (255 nodes); V in {32000, 152064}; float32 on CPU
+Every verifier the registry lists for temperature > 0 (``available_verifiers(temperature=1.0)``:
+the built-ins, ``univer_patch``, installed plugins and ``--plugin`` modules). Trees 2x5, 3x3,
+mc_sim_7b_63 and balanced(2,7) (255 nodes); V in {32000, 152064}; float32 on CPU
 (and CUDA when available). Laws are random and peaked: target = softmax(2.5 randn), draft =
 softmax(target logits + 1.0 randn) (a draft that roughly agrees with the target, as a trained head
-does); children are drawn with each method's own rule (:func:`eagle.verify.rules.draw_children`).
-Two timings per row: ``kernel`` (allocation + decision, inputs trusted: ``check=False``) and
+does); children are drawn with each method's own rule (:func:`eagle.rules.draw_children`).
+Two timings per row: ``kernel`` (allocation + decision, inputs trusted: ``validate=False``) and
 ``step`` (the whole ``verify`` call, including :func:`~eagle.verify.checks.check_tree_inputs`).
 The table prints the ratio UniVer / RRSw per row; the JSON holds every number.
 """
@@ -22,11 +24,12 @@ import torch
 from tqdm import tqdm
 
 import univer_patch  # noqa: F401  (registers the verifiers)
+from eagle.rules import draw_children
 from eagle.tree import balanced, build_tree
-from eagle.verify import get_verifier
-from eagle.verify.rules import draw_children
+from eagle.verify import available_verifiers, get_verifier, load_plugin
 
-METHODS = ("rrsw", "traversal", "greedy", "univer")
+#: the methods at import time; :func:`bench` re-reads the registry (plugins loaded later count)
+METHODS = tuple(available_verifiers(temperature=1.0))
 TREES = {"2x5": "2x5", "3x3": "3x3", "mc_sim_7b_63": "mc_sim_7b_63", "255": balanced(2, 7)}
 VOCABS = (32000, 152064)
 
@@ -74,6 +77,7 @@ def bench(quick: bool = False, devices=None, trees=None, vocabs=None):
         ratios ``univer_over_rrsw_kernel`` / ``univer_over_rrsw_step``.
     """
     trees = trees or TREES
+    methods = tuple(available_verifiers(temperature=1.0))
     devices = devices or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
     reps = 3 if quick else 7
     rows = []
@@ -82,32 +86,32 @@ def bench(quick: bool = False, devices=None, trees=None, vocabs=None):
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         row = {"device": device, "tree": tname, "V": V}
         instances = {}  # one instance per drafting rule, shared by the methods of that rule
-        for name in METHODS:
+        for name in methods:
             rule = get_verifier(name).drafting
             if rule not in instances:
                 instances[rule] = make_instance(trees[tname], V, rule, device, seed=1000 + len(instances))
-        ks = {m: [] for m in METHODS}
-        ss = {m: [] for m in METHODS}
+        ks = {m: [] for m in methods}
+        ss = {m: [] for m in methods}
         for rep_seed in range(1 if quick else 4):  # several coin sequences: different paths
             calls = {}
-            for name in METHODS:
+            for name in methods:
                 ver = get_verifier(name)
                 parents, tokens, target, draft = instances[ver.drafting]
-                gen = torch.Generator(device="cpu").manual_seed(rep_seed)
+                gen = torch.Generator(device=device).manual_seed(rep_seed)  # on the laws' device
                 calls[name] = (
-                    lambda ver=ver, a=(parents, tokens, target, draft), g=gen: ver.verify(*a, g, check=False),
+                    lambda ver=ver, a=(parents, tokens, target, draft), g=gen: ver.verify(*a, g, validate=False),
                     lambda ver=ver, a=(parents, tokens, target, draft), g=gen: ver.verify(*a, g))
                 calls[name][0](), calls[name][1]()  # warm-up (caches, allocator)
-            kt = {m: [] for m in METHODS}
-            st = {m: [] for m in METHODS}
+            kt = {m: [] for m in methods}
+            st = {m: [] for m in methods}
             for _ in range(reps):
-                for name in METHODS:
+                for name in methods:
                     kt[name].append(_once(calls[name][0], sync))
                     st[name].append(_once(calls[name][1], sync))
-            for name in METHODS:
+            for name in methods:
                 ks[name].append(statistics.median(kt[name]))
                 ss[name].append(statistics.median(st[name]))
-        for name in METHODS:
+        for name in methods:
             row[f"{name}_kernel_ms"] = statistics.mean(ks[name])
             row[f"{name}_step_ms"] = statistics.mean(ss[name])
         del instances
@@ -118,11 +122,12 @@ def bench(quick: bool = False, devices=None, trees=None, vocabs=None):
 
 
 def format_table(rows) -> str:
-    head = ["device", "tree", "V"] + [f"{m} k/step ms" for m in METHODS] + ["UniVer/RRSw kernel", "UniVer/RRSw step"]
+    methods = [m for m in available_verifiers(temperature=1.0) if rows and f"{m}_kernel_ms" in rows[0]]
+    head = ["device", "tree", "V"] + [f"{m} k/step ms" for m in methods] + ["UniVer/RRSw kernel", "UniVer/RRSw step"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         cells = [r["device"], r["tree"], str(r["V"])]
-        cells += [f"{r[m + '_kernel_ms']:.2f}/{r[m + '_step_ms']:.2f}" for m in METHODS]
+        cells += [f"{r[m + '_kernel_ms']:.2f}/{r[m + '_step_ms']:.2f}" for m in methods]
         cells += [f"{r['univer_over_rrsw_kernel']:.2f}", f"{r['univer_over_rrsw_step']:.2f}"]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
@@ -134,7 +139,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="runs/bench_verify.json", help="JSON output path")
     ap.add_argument("--device", action="append", help="cpu and/or cuda (default: cpu, plus cuda if available)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = leave torch's default)")
+    ap.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first (it registers more verifiers); repeatable")
     args = ap.parse_args(argv)
+    for module in args.plugin:
+        load_plugin(module)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     rows = bench(args.quick, args.device)

@@ -60,27 +60,28 @@ def p_value(counts, law):
     return chisquare(obs.numpy(), exp.numpy()).pvalue
 
 
-def _broken_rrsw_verify(parents, tokens, target_probs, draft_probs, generator=None):
+def _broken_rrsw_kernel(st, tokens, target_probs, draft_probs, uniforms):
     """RRSw with one deliberate error: after rejecting every child, y ~ M_b instead of the residual."""
-    par = parents.tolist()
+    from eagle.sampling import sample_with_uniform
+
+    u = uniforms.tolist()
     node = 0
     while True:
-        kids = [i for i in range(1, len(par)) if par[i] == node]
+        kids = st.children[node]
         p, q = target_probs[node].double(), draft_probs[node].double().clone()
         moved = False
         for c in kids:
             t = int(tokens[c])
-            u = torch.rand((), generator=generator, dtype=torch.float64)
-            if u < min(1.0, float(p[t] / q[t])):
+            if u[c][0] < min(1.0, float(p[t] / q[t])):
                 node, moved = c, True
                 break
             q[t] = 0
             q = q / q.sum()
         if not moved:
-            return node, int(torch.multinomial(target_probs[node].float(), 1, generator=generator))
+            return node, sample_with_uniform(target_probs[node], u[node][1])
 
 
-BROKEN = Verifier("broken_rrsw", "wor", _broken_rrsw_verify, None, "negative control")
+BROKEN = Verifier("broken_rrsw", "wor", _broken_rrsw_kernel, lambda *a: None, "negative control")
 
 
 @pytest.mark.parametrize("method", ["rrsw", "traversal", "greedy", "univer"])

@@ -6,7 +6,8 @@ import torch
 from scipy.stats import chisquare
 
 from eagle.verify.checks import check_tree_inputs
-from eagle.verify.rules import children_law, draw_children, residual_draft, sample_with_uniform, stable_topk
+from eagle.rules import children_law, draw_children, residual_draft, stable_topk
+from eagle.sampling import sample_with_uniform
 
 
 def _law(seed, V, scale=1.5):

@@ -18,10 +18,9 @@ import torch
 import univer_patch  # noqa: F401  (registers the verifiers)
 from eagle.tree import balanced, build_tree
 from eagle.verify import get_verifier
-from eagle.verify import rrsw
 from eagle.verify.checks import check_tree_inputs
-from eagle.verify.rules import children_law
-from univer_patch import block, greedy, traversal, univer
+from eagle.rules import children_law
+from univer_patch import block, greedy, univer
 
 F64 = torch.float64
 TOL = 1e-9
@@ -105,7 +104,7 @@ def text_law_error(outcome_fn, choices, rule: str, laws: Laws) -> tuple[float, f
     tau = 0.0
     check = True
     for parents, tokens, target, draft, prob, paths in enumerate_trees(choices, rule, laws):
-        out = outcome_fn(parents, tokens, target, draft, check=check)
+        out = outcome_fn(parents, tokens, target, draft, validate=check)
         check = False  # validate the first tree only (validation has its own tests); speed
         assert torch.isfinite(out).all() and (out >= 0).all()
         assert abs(float(out.sum()) - 1.0) < 1e-9
@@ -136,10 +135,10 @@ def text_law_error(outcome_fn, choices, rule: str, laws: Laws) -> tuple[float, f
 
 
 METHODS = {
-    "rrsw": ("wor", rrsw.outcome_probs),
-    "traversal": ("wor", traversal.outcome_probs),
-    "greedy": ("topk_residual", greedy.outcome_probs),
-    "univer": ("topk_residual", univer.outcome_probs),
+    "rrsw": ("wor", get_verifier("rrsw").outcome_probs),
+    "traversal": ("wor", get_verifier("traversal").outcome_probs),
+    "greedy": ("topk_residual", get_verifier("greedy").outcome_probs),
+    "univer": ("topk_residual", get_verifier("univer").outcome_probs),
 }
 
 # (shape name, choices, V) per drafting rule; sizes keep the enumeration small
@@ -182,11 +181,11 @@ def test_lossless_more_seeds_2x2(method, seed):
 # ---- negative controls: each broken variant must fail the same check ------------------------
 
 BROKEN = [
-    ("rrsw", "full_draft", "wor", balanced(2, 2), 4, rrsw.outcome_probs),
-    ("greedy", "full_draft", "topk_residual", balanced(2, 2), 5, greedy.outcome_probs),
-    ("traversal", "no_alpha_update", "wor", [[0], [0, 0]], 4, traversal.outcome_probs),
-    ("univer", "softmax_residual", "topk_residual", balanced(2, 2), 5, univer.outcome_probs),
-    ("univer", "inner_ptilde", "topk_residual", [[0], [0, 0]], 5, univer.outcome_probs),
+    ("rrsw", "full_draft", "wor", balanced(2, 2), 4, get_verifier("rrsw").outcome_probs),
+    ("greedy", "full_draft", "topk_residual", balanced(2, 2), 5, get_verifier("greedy").outcome_probs),
+    ("traversal", "no_alpha_update", "wor", [[0], [0, 0]], 4, get_verifier("traversal").outcome_probs),
+    ("univer", "softmax_residual", "topk_residual", balanced(2, 2), 5, get_verifier("univer").outcome_probs),
+    ("univer", "inner_ptilde", "topk_residual", [[0], [0, 0]], 5, get_verifier("univer").outcome_probs),
 ]
 
 
@@ -244,8 +243,8 @@ def test_chains_univer_traversal_block_agree(depth):
             draft = 0.7 * target + 0.3 * draft
         tokens = torch.tensor([0] + [int(torch.multinomial(draft[i], 1, generator=g)) for i in range(depth)])
         parents = torch.arange(-1, depth)
-        u = univer.outcome_probs(parents, tokens, target, draft)
-        t = traversal.outcome_probs(parents, tokens, target, draft)
+        u = get_verifier("univer").outcome_probs(parents, tokens, target, draft)
+        t = get_verifier("traversal").outcome_probs(parents, tokens, target, draft)
         b = block.outcome_probs(parents, tokens, target, draft)
         assert torch.allclose(u, b, atol=1e-12, rtol=0)
         assert torch.allclose(t, b, atol=1e-12, rtol=0)

@@ -20,7 +20,7 @@ from scipy.stats import chisquare
 import univer_patch  # noqa: F401  (registers traversal, greedy, univer)
 from eagle.tree import build_tree
 from eagle.verify import get_verifier
-from eagle.verify.rules import children_law, draw_children
+from eagle.rules import children_law, draw_children
 
 METHODS = ("rrsw", "traversal", "greedy", "univer")
 F64 = torch.float64

@@ -13,7 +13,7 @@ import torch
 
 import univer_patch
 from eagle.tree import build_tree
-from eagle.verify.rules import draw_children, remaining_mass, remaining_masses
+from eagle.rules import draw_children, remaining_mass, remaining_masses
 from evaluation.bench_verify import make_instance
 
 METHODS = ("rrsw", "traversal", "greedy", "univer")

@@ -1,19 +1,21 @@
-"""UniVer, Traversal and Greedy verifiers for the EAGLE engine, registered at import.
+"""UniVer, Traversal and Greedy verifiers: a plugin of :mod:`eagle.verify.registry`.
 
 Importing this package registers ``greedy`` (drafting ``topk_residual``), ``traversal``
-(``wor``) and ``univer`` (``topk_residual``) in :mod:`eagle.verify.registry` (explicit
-registration, no monkeypatching). The helpers below dispatch through the registry.
+(``wor``) and ``univer`` (``topk_residual``) (explicit registration, no monkeypatching). ``eagle``
+never imports it: import it yourself (``import univer_patch``, also from a source tree with
+``PYTHONPATH=.``), pass ``--plugin univer_patch`` to the harness, or install the distribution,
+whose entry point in the group ``univer_eagle.verifiers`` lets
+:func:`eagle.verify.available_verifiers` load it. The helpers below dispatch through the registry.
 """
 from __future__ import annotations
 
 import torch
 
-import eagle.verify.rrsw  # noqa: F401  (registers "rrsw")
-from eagle.verify.registry import get_verifier
+from eagle.verify import get_verifier
 
 from . import greedy, traversal, univer  # noqa: F401  (register the verifiers)
 
-__all__ = ["verify", "outcome_probs", "apply"]
+__all__ = ["verify", "outcome_probs", "apply", "get_verifier"]
 
 
 def verify(method: str, parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from eagle.verify.checks import TreeStructure, prepare_step
+from eagle.rules import remaining_mass, scaled_residual
+from eagle.sampling import sample_with_uniform
+from eagle.verify.checks import TreeStructure
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import remaining_mass, sample_with_uniform, scaled_residual
 
-__all__ = ["verify", "outcome_probs", "greedy_kernel", "single_step_plan"]
+__all__ = ["greedy_kernel", "greedy_law", "single_step_plan", "VERIFIER"]
 
 
 def _residual_parts(B: torch.Tensor, q: torch.Tensor, top_tokens: list[int], last_token: int):
@@ -97,25 +98,14 @@ def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.T
         return v, x
 
 
-def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
-    """Sample one Greedy-method outcome (common tree form, drafting ``topk_residual``).
-
-    Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
-    """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
-    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
-    return greedy_kernel(st, tokens, target_probs, draft_probs, uniforms)
-
-
-def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
-    """Exact law ``[N, V]`` of the Greedy method's outcome (node i ends the path, next token y).
+def greedy_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+               *, _broken: str = "") -> torch.Tensor:
+    """Exact law ``[N, V]`` of the Greedy method's outcome (node i ends the path, next token y);
+    float64 rows normalised to sum 1 (see :class:`~eagle.verify.registry.Verifier`).
 
     ``_broken`` (test-only negative control): ``"full_draft"`` accepts u_m against the full draft
     law M_s instead of the residual M_s^neg (not lossless).
     """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
     tok = tokens.tolist()
     out = torch.zeros_like(target_probs, dtype=torch.float64)
     reach = [0.0] * st.num_nodes
@@ -136,10 +126,10 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
         row = reach[v] * plan
         row[ctok] = 0.0
         out[v] = row
-    return out.to(target_probs.dtype)
+    return out
 
 
 VERIFIER = register_verifier(Verifier(
-    name="greedy", drafting="topk_residual", verify=verify, outcome_probs=outcome_probs,
+    name="greedy", drafting="topk_residual", kernel=greedy_kernel, outcome_law=greedy_law,
     description="Greedy method (Hu et al. 2025): per-node optimal single-step plan, top-down",
 ))

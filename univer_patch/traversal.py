@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from eagle.verify.checks import TreeStructure, prepare_step
+from eagle.rules import SCALE_CAP_F32, scaled_residual
+from eagle.sampling import sample_with_uniform
+from eagle.verify.checks import TreeStructure
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import SCALE_CAP_F32, sample_with_uniform, scaled_residual
 
-__all__ = ["verify", "outcome_probs", "traversal_kernel"]
+__all__ = ["traversal_kernel", "traversal_law", "VERIFIER"]
 
 
 class _State:
@@ -38,8 +39,8 @@ class _State:
         self.alpha[0] = 1.0
         n = st.num_nodes
         if n > 1:  # initial alphas: one gather per tensor, then a top-down pass over the tree
-            par = torch.tensor(st.parents[1:], dtype=torch.long)
-            tt = torch.tensor(tok[1:], dtype=torch.long)
+            par = torch.tensor(st.parents[1:], dtype=torch.long, device=target.device)
+            tt = torch.tensor(tok[1:], dtype=torch.long, device=target.device)
             ratio = (target[par, tt] / draft[par, tt]).tolist()
             for i in range(1, n):
                 self.alpha[i] = min(1.0, self.alpha[st.parents[i]] * ratio[i - 1])
@@ -121,28 +122,16 @@ def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torc
         s.reject(node)
 
 
-def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
-    """Sample one Traversal Verification outcome (common tree form, drafting ``wor``).
-
-    Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
-    """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
-    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
-    return traversal_kernel(st, tokens, target_probs, draft_probs, uniforms)
-
-
-def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
-    """Exact law ``[N, V]`` of Traversal Verification's outcome, by branching on every test.
+def traversal_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  *, _broken: str = "") -> torch.Tensor:
+    """Exact law ``[N, V]`` of Traversal Verification's outcome, by branching on every test
+    (float64 rows normalised to sum 1; see :class:`~eagle.verify.registry.Verifier`).
 
     Every rejection leads to the same next state, so the tests form one sequence of at most N
     nodes: the law is a single walk, O(N V).
     ``_broken`` (test-only negative control): ``"no_alpha_update"`` keeps alpha(v) after a child's
     rejection (not lossless).
     """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
-    dtype, target_probs, draft_probs = target_probs.dtype, target_probs.double(), draft_probs.double()  # exact law: float64
     out = torch.zeros_like(target_probs)
     s = _State(st, tokens.tolist(), target_probs, draft_probs, _broken)
     mass = 1.0
@@ -157,10 +146,10 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
         if node == 0:
             break
         s.reject(node)
-    return out.to(dtype)
+    return out
 
 
 VERIFIER = register_verifier(Verifier(
-    name="traversal", drafting="wor", verify=verify, outcome_probs=outcome_probs,
+    name="traversal", drafting="wor", kernel=traversal_kernel, outcome_law=traversal_law,
     description="Traversal Verification (Weng et al. 2025): post-order, alpha updates bottom-up",
 ))

@@ -36,11 +36,13 @@ from functools import lru_cache
 
 import torch
 
-from eagle.verify.checks import TreeStructure, prepare_step, tree_structure
+from eagle.rules import BLOCK_ELEMENTS, remaining_masses, scaled_residual
+from eagle.sampling import sample_with_uniform
+from eagle.verify.checks import TreeStructure, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
-from eagle.verify.rules import BLOCK_ELEMENTS, remaining_masses, sample_with_uniform, scaled_residual
 
-__all__ = ["Allocation", "allocate", "positive_part_sums", "decide", "univer_kernel", "allocation_row", "verify", "outcome_probs"]
+__all__ = ["Allocation", "allocate", "positive_part_sums", "decide", "univer_kernel", "allocation_row", "univer_law",
+           "VERIFIER"]
 
 
 @dataclass
@@ -128,7 +130,7 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
     start = 0
     for nodes, child_nodes, m in st.inner_levels:
         k = nodes.numel()
-        cn = torch.full((k, mmax), -1, dtype=torch.long)
+        cn = torch.full((k, mmax), -1, dtype=torch.long, device="cpu")
         cn[:, : child_nodes.shape[1]] = child_nodes
         valid = cn >= 0
         levels.append(_Level(start=start, stop=start + k, nodes=nodes, first=_first_row(nodes),
@@ -136,12 +138,12 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
         nodes_l.append(nodes), cn_l.append(cn), m_l.append(m)
         start += k
     if not levels:
-        empty = torch.zeros(0, dtype=torch.long)
-        inner, cn, m = empty, torch.zeros(0, 1, dtype=torch.long), empty
+        empty = torch.zeros(0, dtype=torch.long, device="cpu")
+        inner, cn, m = empty, torch.zeros(0, 1, dtype=torch.long, device="cpu"), empty
     else:
         inner, cn, m = torch.cat(nodes_l), torch.cat(cn_l), torch.cat(m_l)
     valid = cn >= 0
-    col = torch.arange(cn.shape[1])
+    col = torch.arange(cn.shape[1], device="cpu")
     top = valid & (col[None, :] < (m - 1)[:, None])
     return _Shape(inner=inner, inner_first=_first_row(inner), inner_col=inner[:, None], cnode=cn.clamp(min=0),
                   top=top, is_top=top.double(), last_col=(m - 1)[:, None],
@@ -272,7 +274,7 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
 def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor,
                    draft_probs: torch.Tensor, v: int, *, children_zeroed: bool = True) -> torch.Tensor:
     """p_v(x) over the vocabulary for inner node v (Eqs. 4-6): dtype of ``target_probs``, or float64
-    where lam = c / p~ exceeds float32's range (see :func:`~eagle.verify.rules.scaled_residual`).
+    where lam = c / p~ exceeds float32's range (see :func:`~eagle.rules.scaled_residual`).
 
     With ``children_zeroed`` the children tokens are 0: the (unnormalised) law of y at v.
     Otherwise the row also holds p_v at the children (Eq. 4 at u_m); sum + p_v(not v) = 1.
@@ -298,9 +300,9 @@ def decide(st: TreeStructure, threshold: torch.Tensor, eta: torch.Tensor) -> int
 
     Args:
         threshold: float ``[N]`` (p~ at leaves, p~res at inner nodes; 1 at the root).
-        eta: float ``[N]`` uniforms in [0, 1) (on the host; ``threshold`` is brought there: one sync).
+        eta: float ``[N]`` uniforms in [0, 1) on any device (the comparison is brought to the host: one sync).
     """
-    passed = (eta < threshold.to(eta.device))[st.postorder_t]
+    passed = (eta.to(threshold.device) < threshold).cpu()[st.postorder_t]
     k = int(torch.argmax(passed.to(torch.uint8)))  # first True; the root (last) always passes
     return st.postorder[k] if bool(passed[k]) else 0
 
@@ -326,34 +328,22 @@ def univer_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.T
     return v, sample_with_uniform(_y_row(alloc, st, tokens, target_probs, draft_probs, v), float(uniforms[v, 1]))
 
 
-def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
-    """Sample one UniVer outcome (common tree form, drafting ``topk_residual``).
-
-    Returns ``(node_index, next_token)``. Raises ``ValueError`` on invalid inputs.
-    """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
-    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
-    return univer_kernel(st, tokens, target_probs, draft_probs, uniforms)
-
-
-def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
-    """Exact law ``[N, V]`` of UniVer's outcome (node i ends the path, next token y).
+def univer_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+               *, _broken: str = "") -> torch.Tensor:
+    """Exact law ``[N, V]`` of UniVer's outcome (node i ends the path, next token y); float64 rows
+    normalised to sum 1 (see :class:`~eagle.verify.registry.Verifier`).
 
     P(node v accepted) = threshold(v) * prod over earlier post-order nodes w of (1 - threshold(w));
     the y law at v is as in :func:`univer_kernel`. ``_broken``: see :func:`allocate`; also
     ``"inner_ptilde"`` uses p~(v) instead of p~res(v) as the threshold of inner nodes.
     """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "topk_residual", check)
-    dtype, target_probs, draft_probs = target_probs.dtype, target_probs.double(), draft_probs.double()  # exact law: float64
     alloc = allocate(st, tokens, target_probs, draft_probs, _broken=_broken)
     thr_all = alloc.threshold
     if _broken == "inner_ptilde":
         thr_all = alloc.p_tilde
     thr = thr_all.cpu()[st.postorder_t]
-    fail_before = torch.cumprod(torch.cat([torch.ones(1, dtype=thr.dtype), 1.0 - thr[:-1]]), 0)
-    p_node = torch.zeros(st.num_nodes, dtype=torch.float64)
+    fail_before = torch.cumprod(torch.cat([torch.ones(1, dtype=thr.dtype, device="cpu"), 1.0 - thr[:-1]]), 0)
+    p_node = torch.zeros(st.num_nodes, dtype=torch.float64, device="cpu")
     p_node[st.postorder_t] = thr * fail_before
     out = torch.zeros_like(target_probs)
     for v in range(st.num_nodes):
@@ -361,10 +351,10 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
             continue
         row = _y_row(alloc, st, tokens, target_probs, draft_probs, v)
         out[v] = float(p_node[v]) * row / row.sum()
-    return out.to(dtype)
+    return out
 
 
 VERIFIER = register_verifier(Verifier(
-    name="univer", drafting="topk_residual", verify=verify, outcome_probs=outcome_probs,
+    name="univer", drafting="topk_residual", kernel=univer_kernel, outcome_law=univer_law,
     description="UniVer (Weng, Hu, Yairi 2026): layer-wise allocation, one post-order decision",
 ))

@@ -1,8 +1,8 @@
 """Input validation shared by every verifier, and the cached tree structure they walk.
 
-Every verifier takes the common tree form (see :mod:`eagle.verify.registry`) and calls
-:func:`check_tree_inputs` once at the door; a bad input raises ``ValueError`` naming the node,
-never a silent wrong answer.
+Every verifier takes the common tree form (see :mod:`eagle.verify.registry`); the registry's one
+door (:func:`prepare_step`) calls :func:`check_tree_inputs` once; a bad input raises ``ValueError``
+naming the node, never a silent wrong answer.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import torch
 
-from .registry import DRAFTING_RULES
+from ..rules import DRAFTING_RULES
 
 __all__ = ["TreeStructure", "tree_structure", "structure_of", "check_tree_inputs", "prepare_step", "sum_tolerance",
            "compute_dtype", "SUM_TOL", "RENORMALISE_ABOVE"]
@@ -69,7 +69,7 @@ class TreeStructure:
 def _inner_nodes(parents: tuple) -> torch.Tensor:
     """LongTensor of the nodes with children, increasing (host)."""
     st = tree_structure(parents)
-    return torch.tensor([v for v in range(st.num_nodes) if st.children[v]], dtype=torch.long)
+    return torch.tensor([v for v in range(st.num_nodes) if st.children[v]], dtype=torch.long, device="cpu")
 
 
 @lru_cache(maxsize=256)
@@ -109,11 +109,11 @@ def tree_structure(parents: tuple) -> TreeStructure:
             continue
         mmax = max(len(children[v]) for v in nodes)
         pad = [list(children[v]) + [-1] * (mmax - len(children[v])) for v in nodes]
-        levels.append((torch.tensor(nodes, dtype=torch.long), torch.tensor(pad, dtype=torch.long),
-                       torch.tensor([len(children[v]) for v in nodes], dtype=torch.long)))
+        levels.append((torch.tensor(nodes, dtype=torch.long, device="cpu"), torch.tensor(pad, dtype=torch.long, device="cpu"),
+                       torch.tensor([len(children[v]) for v in nodes], dtype=torch.long, device="cpu")))
     return TreeStructure(
         num_nodes=n, parents=tuple(parents), children=tuple(tuple(c) for c in children), depth=tuple(depth),
-        postorder=tuple(post), postorder_t=torch.tensor(post, dtype=torch.long), inner_levels=tuple(levels),
+        postorder=tuple(post), postorder_t=torch.tensor(post, dtype=torch.long, device="cpu"), inner_levels=tuple(levels),
         is_chain=all(len(c) <= 1 for c in children),
     )
 
@@ -221,7 +221,7 @@ def _validate(parents, tokens, target_probs, draft_probs, drafting):
     if bool(bad_tok.any()):
         i = _first(bad_tok)
         raise ValueError(f"node {i}: token {int(tokens[i])} is outside the vocabulary [0, {V})")
-    ts = _check_rows(target_probs, torch.arange(n), "target_probs")
+    ts = _check_rows(target_probs, torch.arange(n, device="cpu"), "target_probs")
     inner = _inner_nodes(st.parents)
     if inner.numel() == 0:
         return st, ts, None
@@ -297,7 +297,7 @@ def _renormalise(x: torch.Tensor, sums: torch.Tensor | None, rows: torch.Tensor 
 
 
 def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                 drafting: str | None, check: bool = True):
+                 drafting: str | None, check: bool = True, exact: bool = False):
     """The door of every verifier: validate (unless ``check`` is False) and bring the laws to the
     dtype the kernels compute in, as normalised rows.
 
@@ -308,7 +308,8 @@ def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torc
         rows that sum to 1 only within the tolerance (more than :data:`RENORMALISE_ABOVE` away
         from 1) are divided by their sums when ``check`` is True, so the law used is that of the
         normalised rows; with ``check=False`` such rows are trusted as normalised (a softmax is,
-        to float rounding) and pass through without a copy.
+        to float rounding) and pass through without a copy. ``exact`` (for exact laws): both laws
+        in float64, every row divided by its sum.
 
     Raises:
         ValueError: as :func:`check_tree_inputs`.
@@ -317,6 +318,11 @@ def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torc
         st, tsum, dsum = _validate(parents, tokens, target_probs, draft_probs, drafting)
     else:
         st, tsum, dsum = structure_of(parents), None, None
+    if exact:
+        def norm64(x: torch.Tensor) -> torch.Tensor:
+            x = x.to(torch.float64)
+            return x / x.sum(-1, keepdim=True).clamp_min(1e-300)  # leaf draft rows may be 0
+        return st, tokens.long(), norm64(target_probs), norm64(draft_probs)
     dt = compute_dtype(target_probs.dtype, draft_probs.dtype)
 
     def bring(x: torch.Tensor, sums, rows) -> torch.Tensor:

@@ -1,9 +1,16 @@
-"""The verifier registry: names -> (drafting rule, verify, outcome_probs).
+"""The verifier registry: a verifier is data, one generic door runs them all.
 
-The generation loop talks only to this registry. ``eagle`` registers ``rrsw`` (EAGLE-1);
-``univer_patch`` registers ``traversal``, ``greedy`` and ``univer`` when it is imported
-(an explicit registration, no monkeypatching). :func:`get_verifier` imports ``univer_patch``
-on the first lookup of a name it does not know.
+A :class:`Verifier` is ``(name, drafting rule, kernel, outcome_law, temperature-0-only flag)``.
+:meth:`Verifier.verify` validates the inputs once for the declared drafting rule, draws the
+uniforms with the caller's generator on the laws' device and calls the kernel;
+:meth:`Verifier.outcome_probs` gives the exact law. The generation loop talks only to this
+registry (:func:`select_verifier` once per call).
+
+``eagle`` registers ``rrsw`` (EAGLE-1) and ``argmax`` (temperature 0). Other verifiers are plugins
+that register themselves when imported: ``univer_patch`` (``traversal``, ``greedy``, ``univer``),
+imported explicitly (``import univer_patch`` or :func:`load_plugin`) or, for an installed
+distribution, through the entry-point group :data:`ENTRY_POINT_GROUP`, which
+:func:`available_verifiers` and :func:`get_verifier` load. ``eagle`` never imports a plugin by name.
 
 Common tree form of one verification step (every verifier takes exactly this):
     parents:      LongTensor [N]; node 0 is the root (parent -1); parents[i] < i; siblings in
@@ -15,82 +22,202 @@ Common tree form of one verification step (every verifier takes exactly this):
 """
 from __future__ import annotations
 
+import importlib
+import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from importlib import metadata
+from typing import Callable
 
 import torch
 
-__all__ = ["Verifier", "DRAFTING_RULES", "register_verifier", "get_verifier", "available_verifiers"]
+from ..rules import DRAFTING_RULES
+from .checks import TreeStructure, compute_dtype, prepare_step
 
-#: Drafting rules (REFERENCE section 1): "wor" = without replacement from M_s;
-#: "topk_residual" = top-(m-1) of M_s plus one draw from the residual; "topk" = top-m (temperature 0).
-DRAFTING_RULES = ("wor", "topk_residual", "topk")
+__all__ = ["Verifier", "DRAFTING_RULES", "ENTRY_POINT_GROUP", "register_verifier", "unregister_verifier",
+           "get_verifier", "available_verifiers", "select_verifier", "load_plugin"]
 
-VerifyFn = Callable[..., tuple]
-OutcomeFn = Callable[..., torch.Tensor]
+#: entry-point group through which installed packages add verifiers (each entry point names a
+#: module, or an object in one, whose import registers them)
+ENTRY_POINT_GROUP = "univer_eagle.verifiers"
+
+#: ``kernel(st, tokens [N] long, target_probs [N, V], draft_probs [N, V], uniforms float64 [N, 2])
+#: -> (node, y)``: one decision as a pure function of the uniforms (inputs already validated)
+KernelFn = Callable[[TreeStructure, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple]
+#: ``outcome_law(st, tokens, target_probs, draft_probs) -> [N, V]``: the exact law of the outcome
+LawFn = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Verifier:
-    """A registered verification method.
+    """A verification method, as data.
 
     Attributes:
-        name: registry key (e.g. ``"rrsw"``).
+        name: registry key (e.g. ``"rrsw"``), lower case.
         drafting: the drafting rule its losslessness proof assumes, one of :data:`DRAFTING_RULES`.
-        verify: ``(parents, tokens, target_probs, draft_probs, generator=None) -> (node_index, next_token)``
-            one sampled outcome: the deepest accepted node and the token that follows it (ints).
-        outcome_probs: ``(parents, tokens, target_probs, draft_probs) -> Tensor[N, V]``: the exact
-            probability of every outcome (node i is the end of the accepted path, next token y).
+        kernel: one decision, ``(st, tokens, target_probs, draft_probs, uniforms) -> (node, y)``;
+            ``uniforms`` is float64 ``[N, 2]`` in [0, 1) on the laws' device.
+        outcome_law: ``(st, tokens, target_probs, draft_probs, **options) -> [N, V]``: entry
+            ``[i, y]`` = P(node i ends the accepted path and the next token is y); called on
+            float64 rows normalised to sum 1.
         description: one line for ``--help`` texts and the README.
+        temperature_zero_only: lossless only for one-hot target laws (temperature 0); never
+            listed by ``available_verifiers(temperature=t)`` for t > 0.
+
+    Raises:
+        ValueError: on an empty name, an unknown drafting rule or a kernel / law that is not callable.
     """
 
     name: str
     drafting: str
-    verify: VerifyFn
-    outcome_probs: OutcomeFn
+    kernel: KernelFn
+    outcome_law: LawFn
     description: str = ""
+    temperature_zero_only: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"verifier name must be a non-empty string, got {self.name!r}")
+        if self.drafting not in DRAFTING_RULES:
+            raise ValueError(f"verifier {self.name!r}: unknown drafting rule {self.drafting!r}; use one of {DRAFTING_RULES}")
+        if not callable(self.kernel) or not callable(self.outcome_law):
+            raise ValueError(f"verifier {self.name!r}: kernel and outcome_law must be callable")
+
+    def verify(self, parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
+               draft_probs: torch.Tensor, generator: torch.Generator | None = None, *,
+               validate: bool = True) -> tuple[int, int]:
+        """Sample one outcome.
+
+        Args:
+            parents, tokens: LongTensor ``[N]``; target_probs, draft_probs: float ``[N, V]`` (the
+                common tree form), children drawn with :attr:`drafting`.
+            generator: optional ``torch.Generator`` on the laws' device; the uniforms (float64
+                ``[N, 2]``) are drawn with it on that device.
+            validate: check the inputs (:func:`~eagle.verify.checks.check_tree_inputs`) and divide
+                rows summing to 1 only within the tolerance by their sums. ``False`` is for laws
+                the caller built itself (the engine's softmax rows): no checks, but float16 /
+                bfloat16 laws are still upcast to float32 and renormalised.
+
+        Returns:
+            ``(node_index, next_token)`` ints: the last accepted node and the token after it.
+
+        Raises:
+            ValueError: on invalid inputs (the message names the node), with ``validate``.
+        """
+        st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs,
+                                                             self.drafting, validate)
+        uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64, device=target_probs.device)
+        node, y = self.kernel(st, tokens, target_probs, draft_probs, uniforms)
+        return int(node), int(y)
+
+    def outcome_probs(self, parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
+                      draft_probs: torch.Tensor, *, validate: bool = True, **options) -> torch.Tensor:
+        """Exact law of the outcome.
+
+        Computed in float64 on the rows divided by their sums (the law of the normalised rows).
+        ``options`` go to :attr:`outcome_law` (test-only negative controls such as ``_broken``).
+
+        Returns:
+            ``[N, V]`` in the dtype the kernels compute in (float32 for float16 / bfloat16 laws,
+            float64 if either law is float64): entry ``[i, y]`` = P(node i ends the accepted path
+            and the next token is y). Sums to 1.
+
+        Raises:
+            ValueError: on invalid inputs, with ``validate``.
+        """
+        dtype = compute_dtype(target_probs.dtype, draft_probs.dtype)
+        st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs,
+                                                             self.drafting, validate, exact=True)
+        return self.outcome_law(st, tokens, target_probs, draft_probs, **options).to(dtype)
 
 
 _REGISTRY: dict[str, Verifier] = {}
+_PLUGINS_LOADED = False
 
 
 def register_verifier(v: Verifier, overwrite: bool = False) -> Verifier:
-    """Add ``v`` to the registry. Raises ``ValueError`` on a bad drafting rule or a taken name."""
-    if v.drafting not in DRAFTING_RULES:
-        raise ValueError(f"verifier {v.name!r}: unknown drafting rule {v.drafting!r}; use one of {DRAFTING_RULES}")
-    if v.name in _REGISTRY and not overwrite and _REGISTRY[v.name] is not v:
+    """Add ``v`` to the registry under ``v.name.lower()``.
+
+    Raises:
+        ValueError: if the name is taken by another verifier (and ``overwrite`` is False).
+    """
+    if not isinstance(v, Verifier):
+        raise ValueError(f"register_verifier takes a Verifier, got {type(v).__name__}")
+    key = v.name.lower()
+    if key in _REGISTRY and not overwrite and _REGISTRY[key] != v:
         raise ValueError(f"verifier {v.name!r} is already registered")
-    _REGISTRY[v.name] = v
+    _REGISTRY[key] = v
     return v
 
 
-def available_verifiers() -> list[str]:
-    """Names of all registered verifiers (after loading ``univer_patch`` if it is importable)."""
-    _load_plugins()
-    return sorted(_REGISTRY)
+def unregister_verifier(name: str) -> None:
+    """Remove a verifier (tests that register temporary ones). Unknown names are ignored."""
+    _REGISTRY.pop(str(name).lower(), None)
 
 
-def _load_plugins() -> None:
-    import importlib
+def load_plugin(module: str):
+    """Import the module ``module``, whose import registers verifiers (e.g. ``"univer_patch"``).
 
-    import eagle.verify.rrsw  # noqa: F401  (registers "rrsw")
+    Returns the module. Raises ``ValueError`` naming it if it cannot be imported.
+    """
     try:
-        importlib.import_module("univer_patch")
-    except ImportError:  # pragma: no cover - univer_patch ships with this package
-        pass
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"verifier plugin {module!r} cannot be imported: {e}") from e
+
+
+def _load_entry_points() -> None:
+    """Load the installed plugins of :data:`ENTRY_POINT_GROUP` (once; a broken one warns)."""
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED = True
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # a broken third-party plugin must not take the registry down
+            warnings.warn(f"verifier plugin {ep.name!r} ({ep.value}) failed to load: {e!r}", stacklevel=3)
+
+
+def available_verifiers(temperature: float | None = None) -> list[str]:
+    """Sorted names of the registered verifiers (after loading the installed plugins).
+
+    Args:
+        temperature: ``None`` or 0: every verifier (at temperature 0 the engine runs ``argmax``
+            whatever the name). ``> 0``: only those lossless there (temperature-0-only ones left out).
+    """
+    _load_entry_points()
+    hot = temperature is not None and float(temperature) > 0
+    return sorted(k for k, v in _REGISTRY.items() if not (hot and v.temperature_zero_only))
 
 
 def get_verifier(name_or_verifier) -> Verifier:
     """Look a verifier up by name (a :class:`Verifier` passes through).
 
     Raises:
-        ValueError: for an unknown name (the message lists the known ones).
+        ValueError: for an unknown name (the message lists the known ones and how to add plugins).
     """
     if isinstance(name_or_verifier, Verifier):
         return name_or_verifier
     name = str(name_or_verifier).lower()
     if name not in _REGISTRY:
-        _load_plugins()
+        _load_entry_points()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown verifier {name_or_verifier!r}; known: {sorted(_REGISTRY)}")
+        raise ValueError(f"unknown verifier {name_or_verifier!r}; known: {sorted(_REGISTRY)} "
+                         f"(traversal, greedy and univer need `import univer_patch`, or the installed package)")
     return _REGISTRY[name]
+
+
+def select_verifier(name_or_verifier, temperature: float) -> Verifier:
+    """The verifier one generation call uses: ``argmax`` at temperature 0 (every method then drafts
+    the top-k tree and takes the longest greedy match), else the named one.
+
+    Raises:
+        ValueError: unknown name, or a temperature-0-only verifier asked for at temperature > 0.
+    """
+    v = get_verifier(name_or_verifier)
+    if float(temperature) == 0.0:
+        return get_verifier("argmax")
+    if v.temperature_zero_only:
+        raise ValueError(f"verifier {v.name!r} is for temperature 0 only (got temperature {temperature}); "
+                         f"use one of {available_verifiers(temperature)}")
+    return v

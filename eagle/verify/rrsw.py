@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from .checks import TreeStructure, prepare_step
+from ..rules import remaining_mass, scaled_residual
+from ..sampling import sample_with_uniform
+from .checks import TreeStructure
 from .registry import Verifier, register_verifier
-from .rules import remaining_mass, sample_with_uniform, scaled_residual
 
-__all__ = ["verify", "outcome_probs", "rrsw_kernel"]
+__all__ = ["rrsw_kernel", "rrsw_law", "VERIFIER"]
 
 
 def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -64,44 +65,18 @@ def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Ten
             return v, sample_with_uniform(p, u[v][1])
 
 
-def verify(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-           generator: torch.Generator | None = None, *, check: bool = True) -> tuple[int, int]:
-    """Sample one RRSw outcome.
-
-    Args:
-        parents, tokens: LongTensor ``[N]``; target_probs, draft_probs: float ``[N, V]`` (the common
-            tree form of :mod:`eagle.verify.registry`), children drawn with rule ``wor``.
-        generator: optional ``torch.Generator`` (CPU) for the uniforms.
-        check: validate the inputs with :func:`~eagle.verify.checks.check_tree_inputs`.
+def rrsw_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+             *, _broken: str = "") -> torch.Tensor:
+    """Exact law of RRSw's outcome (float64 rows normalised to sum 1; see :class:`Verifier`).
 
     Returns:
-        ``(node_index, next_token)`` as ints.
-
-    Raises:
-        ValueError: on invalid inputs (see :func:`~eagle.verify.checks.check_tree_inputs`).
-    """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
-    uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64)
-    return rrsw_kernel(st, tokens, target_probs, draft_probs, uniforms)
-
-
-def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  *, check: bool = True, _broken: str = "") -> torch.Tensor:
-    """Exact law of RRSw's outcome.
-
-    Returns:
-        ``[N, V]`` tensor (dtype of ``target_probs``): entry ``[i, y]`` = P(node i ends the accepted
-        path and the next token is y). Sums to 1.
+        ``[N, V]``: entry ``[i, y]`` = P(node i ends the accepted path and the next token is y).
 
     ``_broken`` is a test-only negative control: ``"full_draft"`` accepts every child against the
     full draft law (no removal / renormalisation of q), which is not lossless.
-
-    Raises:
-        ValueError: on invalid inputs.
     """
-    st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs, "wor", check)
     tok = tokens.tolist()
-    T, D = target_probs.double(), draft_probs.double()  # float64: residual scales up to 1 / (denormal mass)
+    T, D = target_probs, draft_probs
     out = torch.zeros_like(T)
     reach = [0.0] * st.num_nodes
     reach[0] = 1.0
@@ -127,10 +102,10 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
                 qs = q.sum()
                 q = q / qs if qs > 0 else q
         out[v] = stay * p
-    return out.to(target_probs.dtype)
+    return out
 
 
 VERIFIER = register_verifier(Verifier(
-    name="rrsw", drafting="wor", verify=verify, outcome_probs=outcome_probs,
+    name="rrsw", drafting="wor", kernel=rrsw_kernel, outcome_law=rrsw_law,
     description="EAGLE-1 recursive rejection sampling without replacement (top-down)",
 ))

@@ -1,4 +1,4 @@
-"""The drafting rules, in one place (REFERENCE section 1).
+"""The drafting rules, in one place (REFERENCE section 1): the layer between sampling and the verifiers.
 
 - ``wor``: u_1..u_m drawn one after another without replacement from M_s (Gumbel-top-k / the
   exponential race: the m largest ``q(x) / E_x``, ``E_x ~ Exp(1)``, in decreasing order, have
@@ -17,13 +17,16 @@ import math
 
 import torch
 
-from .registry import DRAFTING_RULES
 
-__all__ = ["draw_children", "stable_topk", "residual_draft", "remaining_mass", "remaining_masses", "children_law",
-           "sample_with_uniform", "scaled_residual", "SCALE_CAP_F32"]
+__all__ = ["DRAFTING_RULES", "draw_children", "stable_topk", "residual_draft", "remaining_mass", "remaining_masses",
+           "children_law", "scaled_residual", "SCALE_CAP_F32", "BLOCK_ELEMENTS"]
 
 #: elements per row block of the batched passes (4 MiB in float32: stays in cache on CPU)
 BLOCK_ELEMENTS = 1 << 20
+
+#: Drafting rules (REFERENCE section 1): "wor" = without replacement from M_s;
+#: "topk_residual" = top-(m-1) of M_s plus one draw from the residual; "topk" = top-m (temperature 0).
+DRAFTING_RULES = ("wor", "topk_residual", "topk")
 
 
 def stable_topk(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,13 +37,15 @@ def stable_topk(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """
     n, V = q.shape
     if k == 0:
-        return q.new_zeros(n, 0), torch.zeros(n, 0, dtype=torch.long)
+        return q.new_zeros(n, 0), torch.zeros(n, 0, dtype=torch.long, device=q.device)
     thr = torch.topk(q, k, dim=-1).values[:, -1:]  # [n, 1] the k-th largest value
     gt = q > thr
     eq = q == thr
     need = k - gt.sum(-1, keepdim=True)
     sel = gt | (eq & (eq.cumsum(-1) <= need))  # exactly k per row, lowest ids among ties
-    idx = sel.nonzero()[:, 1].view(n, k)  # increasing index
+    # their indices in increasing order without a host sync (no nonzero): the k largest of V - index
+    rank = torch.arange(V, 0, -1, device=q.device)
+    idx = torch.topk(torch.where(sel, rank, torch.zeros_like(rank)), k, dim=-1).indices
     vals = q.gather(1, idx)
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
     return vals.gather(1, order), idx.gather(1, order)
@@ -61,11 +66,11 @@ def remaining_mass(q: torch.Tensor, removed) -> float:
     """Mass of the row ``q`` (``[V]``) outside the distinct tokens ``removed`` (ints or a LongTensor).
 
     Summed over the remaining entries themselves, never as ``1 - q(removed)`` or
-    ``sum(q) - q(removed)``: rows sum to 1 only within :data:`~eagle.verify.checks.SUM_TOL`, and
+    ``sum(q) - q(removed)``: rows sum to 1 only within the tolerance of :mod:`eagle.verify.checks`, and
     when the removed tokens hold nearly all the mass either shortcut cancels catastrophically
     (a draft row 0.99995 / 0.00005 summing to 1.00002 gives 0.00003 instead of 0.00005).
     """
-    idx = removed if isinstance(removed, torch.Tensor) else torch.tensor(list(removed), dtype=torch.long)
+    idx = removed if isinstance(removed, torch.Tensor) else torch.tensor(list(removed), dtype=torch.long, device=q.device)
     if idx.numel() == 0:
         return float(q.sum())
     idx = idx.to(q.device).view(1, -1)
@@ -94,7 +99,7 @@ def remaining_masses(q: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor
     risky = (out < 0.5 * total).nonzero().flatten().tolist()
     per = max(1, BLOCK_ELEMENTS // max(V, 1))  # rows per block
     for b0 in range(0, len(risky), per):
-        rows = torch.tensor(risky[b0: b0 + per], dtype=torch.long)
+        rows = torch.tensor(risky[b0: b0 + per], dtype=torch.long, device=q.device)
         out[rows] = _masked_sums(q.index_select(0, rows), tokens.index_select(0, rows), remove.index_select(0, rows))
     return out
 
@@ -204,19 +209,3 @@ def scaled_residual(p: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Ten
     if scale <= SCALE_CAP_F32 or p.dtype == torch.float64:
         return torch.add(p, q, alpha=-scale).clamp_(min=0)
     return torch.add(p.double(), q.double(), alpha=-scale).clamp_(min=0)
-
-
-def sample_with_uniform(row: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw of one token from a non-negative row ``[V]`` (need not be normalised).
-
-    ``u`` in [0, 1) is the uniform; a pure function, so verifiers can take their uniforms as input.
-    A zero-probability token is never returned. Raises ``ValueError`` if the row has no mass.
-    """
-    cdf = torch.cumsum(row, 0)
-    total = float(cdf[-1])
-    if not total > 0:
-        raise ValueError("cannot sample from a row with no positive mass")
-    i = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=cdf.dtype, device=cdf.device), right=True))
-    if i >= row.numel():  # only when u * total rounds up to the total
-        i = int((row > 0).nonzero()[-1, 0])
-    return i

@@ -1,0 +1,50 @@
+"""Temperature 0: the longest greedy match (drafting ``topk``).
+
+At temperature 0 the target law after every node is one-hot on its argmax (ties to the lowest
+token id, as :func:`eagle.sampling.greedy_token`). From the root, move to the child whose token is
+the argmax at its parent while there is one (children are distinct, so at most one matches); the
+next token is the argmax after the last matched node. The output is plain greedy decoding token
+for token. Lossless only for one-hot target laws, hence registered as temperature-0-only.
+The uniforms are not used.
+"""
+from __future__ import annotations
+
+import torch
+
+from .checks import TreeStructure
+from .registry import Verifier, register_verifier
+
+__all__ = ["argmax_kernel", "argmax_law", "VERIFIER"]
+
+
+def _walk(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[int, int]:
+    best = torch.argmax(target_probs, dim=-1).tolist()  # [N] one host sync
+    tok = tokens.tolist()
+    v = 0
+    while True:
+        nxt = next((c for c in st.children[v] if tok[c] == best[v]), None)
+        if nxt is None:
+            return v, best[v]
+        v = nxt
+
+
+def argmax_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                  uniforms: torch.Tensor) -> tuple[int, int]:
+    """The longest greedy match: ``(node_index, next_token)``; ``draft_probs`` and ``uniforms`` unused."""
+    return _walk(st, tokens, target_probs)
+
+
+def argmax_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor
+               ) -> torch.Tensor:
+    """Exact law ``[N, V]``: a point mass on the longest greedy match and the argmax after it."""
+    node, y = _walk(st, tokens, target_probs)
+    out = torch.zeros_like(target_probs)
+    out[node, y] = 1.0
+    return out
+
+
+VERIFIER = register_verifier(Verifier(
+    name="argmax", drafting="topk", kernel=argmax_kernel, outcome_law=argmax_law,
+    description="temperature 0: longest greedy match on the top-k tree (plain greedy decoding token for token)",
+    temperature_zero_only=True,
+))
