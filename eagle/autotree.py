@@ -380,7 +380,7 @@ def cache_key(model, temperature: float, top_p: float, top_k: int, verifier: str
                     "torch": torch.__version__, "device": str(dev),
                     "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                     "dtype": str(model.lm_head.weight.dtype),
-                    "fast_target": str(getattr(model, "fast_target", None))},
+                    "fast_cpu": bool(getattr(model, "fast_cpu", False))},
         "sampling": {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)},
         "verifier": verifier, "max_nodes": int(max_nodes), "version": 1,
     }
