@@ -12,7 +12,6 @@ together). The drafting rules' own kernels may add theirs (eagle.rules).
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -182,7 +181,7 @@ class EagleTreeDrafter:
                 if cfg.greedy:
                     q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
                 else:
-                    q = _probs_unchecked(logits, cfg)
+                    q = logits_to_probs(logits, cfg, check=False)  # checked above (or after the sync)
                 if d2t is None:
                     draft_probs[expand] = q
                 else:  # the law over the K draft tokens, zero elsewhere
@@ -217,14 +216,3 @@ class EagleTreeDrafter:
                          depth=plan.depth[keep_t], draft_probs=draft_probs[keep_t],
                          ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
                          tokens_list=[tok[v] for v in keep], nodes=keep_t)
-
-
-_HAS_CHECK_SWITCH = "check" in inspect.signature(logits_to_probs).parameters
-
-
-def _probs_unchecked(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """``logits_to_probs`` without its own finiteness check (a host sync) where the sampling module
-    offers that switch; the caller checks the logits itself with its one sync."""
-    if _HAS_CHECK_SWITCH:
-        return logits_to_probs(logits, cfg, check=False)
-    return logits_to_probs(logits, cfg)

@@ -53,10 +53,7 @@ from eagle.testing import tiny_ea_model  # noqa: E402
 from eagle.tree import additive_mask, build_tree  # noqa: E402
 from eagle.verify.registry import available_verifiers, get_verifier  # noqa: E402
 
-try:  # the drafting rules' module (moved below eagle.verify in the restructure)
-    from eagle.rules import draw_children  # noqa: E402
-except ImportError:  # pragma: no cover - older layout
-    from eagle.verify.rules import draw_children  # noqa: E402
+from eagle.rules import draw_children  # noqa: E402
 
 #: Vicuna-7B v1.3 shapes
 VICUNA_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -66,10 +63,7 @@ TINY_7B = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden
 
 
 def sampling_methods() -> list[str]:
-    try:
-        return list(available_verifiers(temperature=1.0))
-    except TypeError:  # registry without the temperature filter
-        return [m for m in available_verifiers() if m != "argmax"]
+    return list(available_verifiers(temperature=1.0))
 
 
 # ---------------------------------------------------------------------- helpers

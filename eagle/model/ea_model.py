@@ -14,7 +14,6 @@ next root), whose target feature is computed in the next tree forward.
 """
 from __future__ import annotations
 
-import inspect
 import numbers
 import time
 import warnings
@@ -24,12 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..drafting import EagleTreeDrafter, _probs_unchecked
+from ..drafting import EagleTreeDrafter
 from ..sampling import SamplingConfig, check_logits, greedy_token, logits_to_probs, sample_from
 from ..tree import additive_mask, build_tree
 from ..tree.choices import MC_SIM_7B_63
-from ..verify import registry as _registry
-from ..verify.registry import get_verifier
+from ..rules import DRAFTING_RULES
+from ..verify.registry import get_verifier, select_verifier
 from .head import CheckpointMismatchError, EagleHead
 from .kv_cache import cache_kwargs, cache_length, keep_positions, new_cache
 
@@ -329,7 +328,7 @@ class EaModel(nn.Module):
         timer.lap("target_forward")
         tlogits = tlogits[0]
         check_logits(tlogits, "target logits")  # host sync (NaN/inf must not reach the verifier)
-        target_probs = _probs_unchecked(tlogits, cfg)
+        target_probs = logits_to_probs(tlogits, cfg, check=False)  # checked just above
         timer.lap("target_laws")
         return draft, prefix, tfeats, tlogits, target_probs
 
@@ -412,10 +411,10 @@ class EaModel(nn.Module):
                 cache, head_cache, root, pending_tokens, pending_feats, tree, v.drafting, cfg, gen, timer)
             if expected_tau and return_stats:
                 timer.pause()
-                law = _call(v.outcome_probs, draft.parents, draft.tokens, target_probs, draft.draft_probs)
+                law = v.outcome_probs(draft.parents, draft.tokens, target_probs, draft.draft_probs, validate=False)
                 expected.append(float(((draft.depth + 1).to(law.dtype) * law.sum(-1)).sum()))
                 timer.resume()
-            node, y = _call(v.verify, draft.parents, draft.tokens, target_probs, draft.draft_probs, generator=gen)
+            node, y = v.verify(draft.parents, draft.tokens, target_probs, draft.draft_probs, gen, validate=False)
             node, y = int(node), int(y)
             path = draft.path_index(node, plan)
             par, tok = draft.parents_list, draft.tokens_list
@@ -485,8 +484,8 @@ class EaModel(nn.Module):
         cfg = _sampling_config(temperature, top_p, top_k)
         if drafting is None:
             drafting = _select_verifier(self.verifier.name, cfg).drafting
-        if drafting not in _DRAFTING_RULES:
-            raise ValueError(f"unknown drafting rule {drafting!r}; use one of {_DRAFTING_RULES}")
+        if drafting not in DRAFTING_RULES:
+            raise ValueError(f"unknown drafting rule {drafting!r}; use one of {DRAFTING_RULES}")
         tree = build_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
                                             cfg.temperature, cfg.top_p, cfg.top_k))
         input_ids = self._prepare(input_ids, 1)
@@ -643,66 +642,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-# ---------------------------------------------------------------------- registry door (compat shims)
-try:  # A moves the drafting rules below eagle.verify
-    from ..rules import DRAFTING_RULES as _DRAFTING_RULES
-except ImportError:  # pragma: no cover - older layout
-    _DRAFTING_RULES = _registry.DRAFTING_RULES
-
-
+# ---------------------------------------------------------------------- registry door
 def _select_verifier(name, cfg: SamplingConfig):
-    """The verifier of one call, chosen once: temperature 0 -> the registry's temperature-0 verifier.
+    """The verifier of one call, chosen once: temperature 0 -> the registry's "argmax" verifier.
 
     Raises:
         ValueError: an unknown (or empty) name; a temperature-0-only verifier at temperature > 0.
     """
     if isinstance(name, str) and not name.strip():
         raise ValueError("verifier must be a registered name, got an empty string")
-    select = getattr(_registry, "select_verifier", None)
-    if select is not None:
-        return select(name, cfg.temperature)
-    v = get_verifier(name)  # validates the name
-    return _LegacyArgmax() if cfg.greedy else v
-
-
-_VALIDATE_KW: dict = {}
-
-
-def _call(fn, *args, **kwargs):
-    """Call a verifier's ``verify`` / ``outcome_probs`` with ``validate=False`` when it has that switch:
-    the engine built the laws itself (the half-precision upcast still happens inside)."""
-    has = _VALIDATE_KW.get(fn)
-    if has is None:
-        try:
-            has = "validate" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            has = False
-        _VALIDATE_KW[fn] = has
-    if has:
-        kwargs["validate"] = False
-    return fn(*args, **kwargs)
-
-
-class _LegacyArgmax:
-    """Temperature-0 verification until the registry has its "argmax" verifier (longest greedy match)."""
-
-    name = "argmax"
-    drafting = "topk"
-
-    @staticmethod
-    def verify(parents, tokens, target_probs, draft_probs, generator=None):
-        best = greedy_token(target_probs).tolist()
-        par, tok = parents.tolist(), tokens.tolist()
-        node = 0
-        while True:
-            nxt = next((c for c in range(node + 1, len(par)) if par[c] == node and tok[c] == best[node]), None)
-            if nxt is None:
-                return node, best[node]
-            node = nxt
-
-    @classmethod
-    def outcome_probs(cls, parents, tokens, target_probs, draft_probs):
-        node, y = cls.verify(parents, tokens, target_probs, draft_probs)
-        law = torch.zeros_like(target_probs, dtype=torch.float32)
-        law[node, y] = 1.0
-        return law
+    return select_verifier(name, cfg.temperature)
