@@ -61,7 +61,8 @@ def load_plugins(modules: Iterable[str]) -> list[str]:
         try:
             load_plugin(name)
         except (ImportError, ValueError) as e:
-            raise UsageError("--plugin", f"cannot import verifier plugin {name!r} ({e})") from None
+            msg = str(e) if name in str(e) else f"cannot import verifier plugin {name!r} ({e})"
+            raise UsageError("--plugin", msg) from None
         loaded.append(name)
     return loaded
 
@@ -257,7 +258,7 @@ def check_question_file(path: Optional[str], categories: Optional[Sequence[str]]
 
 
 def check_out_dir(out: str) -> Path:
-    """An output folder that is (or can be created as) a writable folder; nothing is created here.
+    """An output folder that is (or can be created as) a writable folder; nothing is left behind here.
 
     Raises:
         UsageError: ``--out``.
@@ -270,8 +271,12 @@ def check_out_dir(out: str) -> Path:
         anc = anc.parent
     if not anc.is_dir():
         raise UsageError("--out", f"{anc} is not a folder")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise UsageError("--out", f"{anc} is not writable")
+    try:  # a real probe (root passes os.access everywhere): create and remove an empty folder
+        import tempfile
+
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=anc))
+    except OSError as e:
+        raise UsageError("--out", f"cannot create folders in {anc} ({e.strerror or e})") from None
     return p
 
 

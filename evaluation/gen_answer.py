@@ -1,9 +1,11 @@
 """Generate Spec-Bench answers with the EAGLE engine (one method per answer file).
 
-A *method* is the autoregressive baseline ``"naive"`` (``EaModel.naivegenerate``) or a verifier
-name (``"rrsw"``, ``"traversal"``, ``"greedy"``, ``"univer"``; ``EaModel.eagenerate``).
+A *method* is the plain-decoding baseline ``"naive"`` (``EaModel.naivegenerate``) or any registered
+verifier name (``EaModel.eagenerate``); the list of methods comes from the registry
+(:func:`evaluation.arguments.method_names`), never from this file.
 
-Answer file: JSON Lines, one question per line, Spec-Bench compatible::
+Answer file: JSON Lines, one question per line, in Spec-Bench's format (its ``evaluation/speed.py``
+reads it for every category and "overall")::
 
     {"question_id": int, "category": str (the question's own category, e.g. "writing"),
      "answer_id": str, "model_id": str,
@@ -12,29 +14,35 @@ Answer file: JSON Lines, one question per line, Spec-Bench compatible::
                   "decoding_steps": [int, ...],   # target forwards after the prefill, per turn
                   "new_tokens": [int, ...],       # generated tokens per turn (EOS included)
                   "wall_time": [float, ...],      # seconds per turn (prompt prefill included)
-                  "accept_lengths": [[int, ...], ...]}],  # per turn: tokens appended per target forward
+                  "accept_lengths": [int, ...],   # ONE flat list over all turns: tokens appended per
+                                                  # target forward (split per turn by decoding_steps)
+                  # added keys (ours):
+                  "new_token_ids": [[int, ...], ...],        # generated ids per turn
+                  "timing": [{part: seconds}, ...],          # engine per-part timing per turn
+                  "expected_accept_lengths": [float, ...]}], # flat: exact E[tokens | drafted tree] per cycle
      "tstamp": float (unix seconds),
-     # metadata (ours):
-     "model", "head", "method", "seed", "temperature", "top_p", "top_k", "tree" (null for naive),
-     "max_new_tokens", "device", "dtype"}
+     # added metadata (ours): run settings and provenance (:func:`provenance`)
+     "method", "seed", "temperature", "top_p", "top_k", "tree" (null for naive), "max_new_tokens",
+     "model", "head", "head_sha256": {file: sha256}, "commit", "torch", "transformers", "python",
+     "device", "dtype", "threads", "prompt_format": {"name", "source", "reason"}}
 
-Timing: ``wall_time`` is measured here around each generate call (``time.perf_counter``, with a CUDA
-synchronise before and after on GPUs), so the baseline and every method are timed the same way.
-Before the timed questions one short warm-up generation runs (not written).
+Timing: ``wall_time`` is the engine's own clock (``stats["wall_time"]``: prefill to the last token,
+CUDA synchronised, without the exact-law bookkeeping of ``expected_tau``), the same instrument for
+the baseline and every method. Before the timed questions one short warm-up generation runs (not
+written).
 
 Randomness: each turn gets its own engine seed ``seed * 1_000_003 + question_id * 16 + turn``
 (:func:`call_seed`), so a resumed run draws exactly what an uninterrupted one would.
 
 Resuming: question ids already present in the answer file are skipped.
 
-Command line (one or more methods and seeds; the model is loaded once)::
+Command line (same flags and checks as the main job, :mod:`evaluation.specbench`)::
 
     python -m evaluation.gen_answer --methods naive rrsw univer --seeds 0 1 2 \\
         --temperature 1.0 --tree 2x5 --per-category 2 --max-new-tokens 128 --out runs/specbench
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -42,14 +50,13 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-from evaluation.questions import (build_messages, build_prompt_ids, load_questions, resolve_question_file,
-                                  select_questions)
+from evaluation.questions import build_messages, build_prompt_ids
 
-__all__ = ["BASELINE", "DEFAULT_METHODS", "call_seed", "answer_file_name", "resolve_device",
-           "load_model", "read_answered_ids", "generate_turns", "generate_answers", "run", "main"]
+__all__ = ["BASELINE", "call_seed", "answer_file_name", "resolve_device",
+           "load_model", "read_answered_ids", "generate_turns", "file_sha256", "git_commit", "resolve_head",
+           "provenance", "generate_answers", "run", "main"]
 
 BASELINE = "naive"
-DEFAULT_METHODS = ("rrsw", "traversal", "greedy", "univer")
 
 
 def call_seed(seed: int, question_id: int, turn: int) -> int:
@@ -390,66 +397,48 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
 def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: Iterable[str],
         seeds: Iterable[int], *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
         tree: str = "2x5", max_new_tokens: int = 128, model_name: str = "default", head: Optional[str] = None,
-        tokenizer=None, progress: bool = True, prompt_builder: Optional[Callable] = None) -> list[Path]:
+        tokenizer=None, progress: bool = True, prompt_builder: Optional[Callable] = None, prompt_format=None,
+        run_info: Optional[dict] = None) -> list[Path]:
     """Every (method, seed) pair with one loaded model; returns the answer files (see
-    :func:`answer_file_name`), which live in ``out_dir``."""
+    :func:`answer_file_name`), which live in ``out_dir``. Provenance is computed once."""
+    if run_info is None:
+        run_info = provenance(model, model_name, head, prompt_format)
     files = []
     for seed in seeds:
         for method in methods:
             p = Path(out_dir) / answer_file_name(method, temperature, tree, seed)
             generate_answers(model, questions, p, method, temperature=temperature, top_p=top_p, top_k=top_k,
                              tree=tree, seed=seed, max_new_tokens=max_new_tokens, model_name=model_name,
-                             head=head, tokenizer=tokenizer, progress=progress, prompt_builder=prompt_builder)
+                             head=head, tokenizer=tokenizer, progress=progress, prompt_builder=prompt_builder,
+                             prompt_format=prompt_format, run_info=run_info)
             files.append(p)
     return files
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Generate Spec-Bench answers (baseline 'naive' and verifiers).")
-    ap.add_argument("--model", default="default", help="base model: 'default' (embedded SmolLM2), hub id or folder")
-    ap.add_argument("--head", default=None, help="EAGLE head folder (default: the engine's default head)")
-    ap.add_argument("--methods", nargs="+", default=[BASELINE, *DEFAULT_METHODS],
-                    help="'naive' and/or verifier names (rrsw traversal greedy univer)")
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--tree", default="2x5", help="mc_sim_7b_63, KxD (e.g. 2x5, 3x3) or chainD")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="per turn (tokens)")
-    ap.add_argument("--question-file", default=None)
-    ap.add_argument("--categories", nargs="+", default=None, help="groups (mt_bench translation ...); default all")
-    ap.add_argument("--per-category", type=int, default=None, help="N questions per group (mt_bench: N in total)")
-    ap.add_argument("--out", default="runs/specbench", help="folder of the answer files")
-    ap.add_argument("--answer-file", default=None, help="explicit output file (only with one method and one seed)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    ap.add_argument("--dtype", default="auto", help="auto (cuda: float16, cpu: float32) | float16 | bfloat16 | float32")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="CPU: torch intra-op threads (0 = torch's default). On a shared/oversubscribed CPU, 1 "
-                         "is far faster (measured 20x on a 63-node tree forward with 2 cores under load 6)")
-    ap.add_argument("--no-progress", action="store_true")
-    return ap
-
-
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
-    args = _parser().parse_args(argv)
-    if args.answer_file and (len(args.methods) != 1 or len(args.seeds) != 1):
-        raise SystemExit("--answer-file needs exactly one method and one seed")
-    questions = select_questions(load_questions(resolve_question_file(args.question_file)),
-                                 args.categories, args.per_category)
-    if args.threads > 0:
-        import torch
+    """``python -m evaluation.gen_answer``: answers only (same flags and checks as the main job; the
+    baseline runs only when ``naive`` is among ``--methods``)."""
+    from evaluation.arguments import UsageError
+    from evaluation.specbench import OneLineParser, add_common_arguments, check_arguments, exit_on_usage_error
+    from evaluation.specbench import load_checked_model
 
-        torch.set_num_threads(args.threads)
-    model = load_model(args.model, args.head, args.device, args.dtype)
+    ap = OneLineParser(prog="gen_answer", description="Generate Spec-Bench answers (baseline 'naive' and verifiers).")
+    add_common_arguments(ap)
+    ap.add_argument("--answer-file", default=None, help="explicit output file (only with one method and one seed)")
+    args = ap.parse_args(argv)
+    cfg = exit_on_usage_error(check_arguments, args, prog="gen_answer")
+    if args.answer_file and (len(cfg.methods) != 1 or len(cfg.seeds) != 1):
+        exit_on_usage_error(lambda: (_ for _ in ()).throw(
+            UsageError("--answer-file", "needs exactly one method and one seed")), prog="gen_answer")
+    model, fmt = exit_on_usage_error(load_checked_model, cfg, prog="gen_answer")
+    info = provenance(model, cfg.model, cfg.head, fmt)
+    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, tree=cfg.tree,
+              max_new_tokens=cfg.max_new_tokens, model_name=cfg.model, head=cfg.head, progress=not cfg.no_progress,
+              prompt_format=fmt, run_info=info)
     if args.answer_file:
-        generate_answers(model, questions, args.answer_file, args.methods[0], temperature=args.temperature,
-                         top_p=args.top_p, top_k=args.top_k, tree=args.tree, seed=args.seeds[0],
-                         max_new_tokens=args.max_new_tokens, model_name=args.model, head=args.head,
-                         progress=not args.no_progress)
+        generate_answers(model, cfg.questions, args.answer_file, cfg.methods[0], seed=cfg.seeds[0], **kw)
         return [Path(args.answer_file)]
-    return run(model, questions, args.out, args.methods, args.seeds, temperature=args.temperature,
-               top_p=args.top_p, top_k=args.top_k, tree=args.tree, max_new_tokens=args.max_new_tokens,
-               model_name=args.model, head=args.head, progress=not args.no_progress)
+    return run(model, cfg.questions, cfg.out / "answers", cfg.methods, cfg.seeds, **kw)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,162 @@
+"""Every harness argument is checked before any work: one line naming the flag, exit 2, nothing written;
+method lists come from the registry (a verifier registered by a plugin runs through answers, tables, plots)."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluation import arguments as A
+from evaluation import specbench as SB
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _questions(tmp_path):
+    qs = [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+          {"question_id": 82, "category": "roleplay", "turns": ["Be a pirate.", "Again."]},
+          {"question_id": 161, "category": "translation", "turns": ["Translate German to English: Hallo"]},
+          {"question_id": 162, "category": "translation", "turns": ["Translate German to English: Danke"]}]
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    return f
+
+
+@pytest.mark.parametrize("bad, flag", [(["--tree", "bogus_tree"], "--tree"),
+                                       (["--methods", "rrsw foo"], "--methods")])
+def test_bad_tree_or_method_fails_fast_without_writing(tmp_path, bad, flag):
+    out = tmp_path / "out"
+    cmd = ["bash", str(ROOT / "scripts" / "run_specbench.sh"), "--quick", "--question-file",
+           str(_questions(tmp_path)), "--out", str(out), *bad]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    elapsed = time.perf_counter() - t0
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"run_specbench: error: {flag}:"), p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    assert elapsed < 10.0
+    assert not out.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["q.jsonl"]
+
+
+def _check(argv):
+    return SB.check_arguments(SB._parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-k", "-1"], "--top-k"),
+    (["--seeds", "0 0"], "--seeds"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--per-category", "1.5"], "--per-category"),
+    (["--threads", "-2"], "--threads"),
+    (["--device", "tpu"], "--device"),
+    (["--dtype", "float8"], "--dtype"),
+    (["--tree", "3x0"], "--tree"),
+    (["--methods", "univer", "bogus"], "--methods"),
+    (["--plugin", "no_such_plugin_module"], "--plugin"),
+    (["--template", "no_such_template"], "--template"),
+    (["--model", "/no/such/folder"], "--model"),
+    (["--model", "not a hub id"], "--model"),
+    (["--model", "lmsys/vicuna-7b-v1.3"], "--head"),
+    (["--head", "/no/such/head"], "--head"),
+    (["--categories", "poetry"], "--categories"),
+    (["--question-file", "/no/such/q.jsonl"], "--question-file"),
+])
+def test_each_flag_is_named(tmp_path, argv, flag):
+    base = ["--question-file", str(_questions(tmp_path)), "--out", str(tmp_path / "out")]
+    with pytest.raises(A.UsageError) as e:
+        _check(base + argv)
+    assert str(e.value).startswith(flag + ":") and e.value.flag == flag
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_that_is_a_file_and_head_without_weights(tmp_path):
+    q = str(_questions(tmp_path))
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(A.UsageError, match="^--out: .* not a folder"):
+        _check(["--question-file", q, "--out", str(f)])
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(A.UsageError, match="^--head: .* no model.safetensors"):
+        _check(["--question-file", q, "--model", str(model), "--head", str(head)])
+
+
+def test_quick_defaults_and_explicit_values_win(tmp_path):
+    q = str(_questions(tmp_path))
+    cfg = _check(["default", "0.7", "--quick", "--question-file", q, "--out", str(tmp_path / "o")])
+    assert (cfg.model, cfg.temperature, cfg.seeds, cfg.per_category, cfg.max_new_tokens) == ("default", 0.7, [0], 2, 48)
+    assert cfg.note.startswith("SMOKE RUN") and cfg.contexts_per_question == 3
+    assert cfg.methods == A.method_names(0.7) and {"rrsw", "traversal", "greedy", "univer"} <= set(cfg.methods)
+    assert [x["question_id"] for x in cfg.questions] == [81, 82, 161, 162]   # 2 per group
+    cfg = _check(["--quick", "--seeds", "3", "4", "--max-new-tokens", "8", "--question-file", q, "--out",
+                  str(tmp_path / "o")])
+    assert (cfg.seeds, cfg.max_new_tokens, cfg.note is not None) == ([3, 4], 8, True)
+
+
+def test_exit_on_usage_error_prints_one_line(capsys):
+    def bad():
+        raise A.UsageError("--tree", "unknown tree 'x'\nsecond line")
+
+    with pytest.raises(SystemExit) as e:
+        A.exit_on_usage_error(bad)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "run_specbench: error: --tree: unknown tree 'x' second line\n"
+
+
+PLUGIN = '''
+import dataclasses
+from eagle.verify.registry import get_verifier, register_verifier
+register_verifier(dataclasses.replace(get_verifier("rrsw"), name="rrsw_copy"), overwrite=True)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "my_verifier_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_verifier_plugin"
+    from eagle.verify import registry
+
+    unregister = getattr(registry, "unregister_verifier", None)
+    if unregister is not None:
+        unregister("rrsw_copy")
+    else:
+        registry._REGISTRY.pop("rrsw_copy", None)
+    sys.modules.pop("my_verifier_plugin", None)
+
+
+def test_plugin_verifier_runs_through_answers_tables_and_plots(tmp_path, plugin):
+    import torch
+
+    from evaluation import gen_answer as G
+    from evaluation import plots, speed, tables
+    from eagle.testing import tiny_ea_model
+    from tests.test_gen_answer import QUESTIONS, _CharTok
+
+    cfg = _check(["--plugin", plugin, "--methods", "rrsw", "rrsw_copy", "--question-file", str(_questions(tmp_path)),
+                  "--out", str(tmp_path / "o")])
+    assert cfg.methods == ["rrsw", "rrsw_copy"] and plugin in cfg.plugins
+    assert "rrsw_copy" in A.method_names(1.0)
+    torch.set_num_threads(1)
+    model = tiny_ea_model(vocab_size=32, seed=0, aligned=True)
+    G.run(model, QUESTIONS[1:], tmp_path / "answers", ["naive", *cfg.methods], [0], temperature=1.0, tree="2x2",
+          max_new_tokens=5, tokenizer=_CharTok(), progress=False)
+    sp = speed.summarize(speed.collect_runs([tmp_path / "answers"]), n_boot=20)
+    t = tables.table1(sp, 1.0, "2x2")
+    assert [r["method"] for r in t["rows"]] == ["rrsw", "rrsw_copy"]
+    assert "| rrsw_copy |" in tables.render_table1(t)
+    pngs = plots.main_job_plots(sp, tmp_path / "plots", None, 1.0, "2x2")
+    assert pngs and all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
