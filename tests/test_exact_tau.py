@@ -1,0 +1,116 @@
+"""Exact expected tau: Block Verification on chains, agreement with the sampled tau, pairing across methods."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from evaluation import exact_tau as X
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from eagle.testing import tiny_ea_model
+
+    torch.set_num_threads(1)
+    return tiny_ea_model(vocab_size=32, seed=0, aligned=True)
+
+
+PROMPT = [3, 7, 1, 4, 9, 2, 6]
+
+
+def test_expected_tokens_of_a_hand_made_law():
+    law = torch.zeros(3, 4)
+    law[0, 1], law[1, 2], law[2, 0] = 0.2, 0.5, 0.3   # end at root / depth-1 node / depth-2 node
+    assert X.expected_tokens(law, torch.tensor([0, 1, 2])) == pytest.approx(0.2 * 1 + 0.5 * 2 + 0.3 * 3)
+
+
+@pytest.mark.parametrize("drafting", ["wor", "topk_residual"])
+def test_chain_exact_tau_equals_block_verification(tiny, drafting):
+    from univer_patch import block
+
+    for s in range(4):
+        g = torch.Generator().manual_seed(s)
+        laws = tiny.tree_laws(torch.tensor([PROMPT + [s + 10]]), tree_choices="chain4", drafting=drafting,
+                              temperature=1.0, generator=g)
+        args = (laws.parents, laws.tokens, laws.target_probs, laws.draft_probs)
+        ref = X.expected_tokens(block.outcome_probs(*args), laws.depth)
+        for m in ("univer", "traversal"):
+            got = X.expected_tokens(X.verifier_for(m, 1.0).outcome_probs(*args), laws.depth)
+            assert got == pytest.approx(ref, abs=1e-5), (m, s)
+        assert 1.0 <= ref <= 5.0
+
+
+def _cycles(tiny, method, seeds, tree="2x2", n_new=40):
+    """(contexts at cycle starts, sampled accept lengths, Rao-Blackwellised values) of full cycles."""
+    ctxs, sampled, rb = [], [], []
+    for s in seeds:
+        prompt = PROMPT + [s % 32]
+        out, st = tiny.eagenerate(torch.tensor([prompt]), temperature=1.0, max_new_tokens=n_new, tree_choices=tree,
+                                  verifier=method, seed=s, return_stats=True, expected_tau=True)
+        new = out[0, len(prompt):].tolist()
+        acc, exp = st["accept_lengths"], st["expected_accept_lengths"]
+        done = 1
+        for k in range(len(acc) - 1):            # the last cycle may be cut by max_new_tokens
+            ctxs.append({"question_id": s, "group": "qa", "turn": 0, "position": done,
+                         "input_ids": prompt + new[:done]})
+            sampled.append(acc[k])
+            rb.append(exp[k])
+            done += acc[k]
+    return ctxs, np.array(sampled, float), np.array(rb, float)
+
+
+@pytest.mark.parametrize("method", ["univer", "rrsw"])
+def test_exact_tau_agrees_with_sampled_tau(tiny, method):
+    ctxs, sampled, rb = _cycles(tiny, method, range(12))
+    assert len(sampled) > 60
+    se = sampled.std(ddof=1) / math.sqrt(len(sampled))
+    # (1) Rao-Blackwellised: per-cycle exact E[tokens | the tree the run drafted], same cycles
+    assert abs(rb.mean() - sampled.mean()) < 3.5 * se
+    assert rb.std() < sampled.std()                      # much less noise per cycle
+    # (2) shared-context view at the same cycle starts with fresh tree draws
+    scored = X.score_contexts(tiny, ctxs, [method], tree="2x2", temperature=1.0, draws=1, seed=5)
+    exact = np.array([r["values"][method] for r in scored])
+    d = sampled - exact
+    assert abs(d.mean()) < 3.5 * d.std(ddof=1) / math.sqrt(len(d))
+
+
+def test_shared_contexts_are_paired_across_methods(tiny):
+    ref = []
+    for qid, cat in [(81, "writing"), (82, "roleplay"), (161, "translation"), (162, "translation")]:
+        ids = [(qid + i) % 32 for i in range(9)]
+        ref.append({"question_id": qid, "category": cat,
+                    "choices": [{"turns": ["a", "b"], "new_token_ids": [ids, ids[:5]]}]})
+    questions = [{"question_id": r["question_id"], "category": r["category"], "turns": ["q1", "q2"]} for r in ref]
+    prompt_ids = lambda msgs: [5 + len(m["content"]) % 20 for m in msgs]  # noqa: E731
+    methods = ["rrsw", "traversal", "greedy", "univer"]
+    calls = []
+    real = tiny.tree_laws
+
+    def counting(*a, **k):
+        calls.append(k["drafting"])
+        return real(*a, **k)
+
+    tiny.tree_laws = counting
+    try:
+        ex = X.run_exact_tau(tiny, ref, questions, methods, prompt_ids=prompt_ids, tree="2x2", temperature=1.0,
+                             contexts_per_question=3, draws=2, seed=0, n_boot=200, progress=False)
+    finally:
+        del tiny.tree_laws
+    assert ex["n_contexts"] == 12 and ex["groups"] == ["mt_bench", "translation"]
+    assert ex["drafting"] == {"rrsw": "wor", "traversal": "wor", "greedy": "topk_residual",
+                              "univer": "topk_residual"}
+    # one target forward per (context, drafting rule, draw), shared by the methods of that rule
+    assert sorted(calls) == ["topk_residual"] * 24 + ["wor"] * 24
+    rows = {r["method"]: r for r in ex["rows"]}
+    assert rows["rrsw"]["delta_pct"] is None and rows["univer"]["delta_pct"]["se"] is not None
+    assert rows["univer"]["avg_tau"]["mean"] == pytest.approx(
+        np.mean([rows["univer"]["tau"][g]["mean"] for g in ex["groups"]]))
+    md = X.render_exact(ex, "SMOKE RUN")
+    assert md.startswith("**SMOKE RUN**") and "| UniVer |" in md and "Δ vs RRSw" in md and "±" in md
+
+
+def test_context_positions():
+    assert X.context_positions([5], 2) == [(0, 1), (0, 4)]
+    assert X.context_positions([3, 2], 10) == [(0, 1), (0, 2), (1, 1)]
+    assert X.context_positions([1], 3) == [] and X.context_positions([9], 0) == []
