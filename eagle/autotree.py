@@ -37,7 +37,7 @@ from .sampling import SamplingConfig
 from .tree import build_tree
 from .tree.auto import CycleCost, fit_tree, load_cached, store_cached
 
-__all__ = ["probe_tree", "acceptance_from_laws", "measure_acceptance", "default_contexts", "measure_costs",
+__all__ = ["probe_tree", "acceptance_from_laws", "measure_acceptance", "smooth_acceptance", "default_contexts", "measure_costs",
            "cache_key", "resolve_auto_tree", "TARGET_TOKENS", "COST_TREES"]
 
 #: tree sizes (root included) at which the target forward is timed
@@ -172,8 +172,24 @@ def measure_acceptance(model, contexts, *, temperature: float = 0.0, top_p: floa
     return np.clip(table, 0.0, 1.0), den
 
 
+def smooth_acceptance(table: np.ndarray, weight: np.ndarray, strength: float = 4.0) -> np.ndarray:
+    """Shrink each entry toward its rank's rate pooled over all depths, by ``strength`` pseudo-observations:
+    ``(table * weight + strength * pooled[r]) / (weight + strength)``.
+
+    Deep entries rest on few contexts (a parent must be accepted first): without this an entry seen
+    twice reads 0 or 1 and the fit cuts or over-grows the tree there.
+
+    Args:
+        table, weight: float ``[D, R]`` from :func:`measure_acceptance`.
+        strength: pseudo-observations of the pooled rate (0 = no smoothing).
+    """
+    num = table * weight
+    pooled = np.divide(num.sum(0), weight.sum(0), out=np.zeros(table.shape[1]), where=weight.sum(0) > 0)
+    return (num + strength * pooled[None, :]) / (weight + strength) if strength > 0 else table.copy()
+
+
 @torch.no_grad()
-def default_contexts(model, n_prompts: int = 6, new_tokens: int = 48, per_prompt: int = 4,
+def default_contexts(model, n_prompts: int = 16, new_tokens: int = 48, per_prompt: int = 4,
                      temperature: float = 0.0, seed: int = 0, corpus=None) -> list[torch.Tensor]:
     """Real contexts for the measurements: prompt + the target's own answer cut at ``per_prompt``
     evenly spaced points.
@@ -382,7 +398,7 @@ def cache_key(model, temperature: float, top_p: float, top_k: int, verifier: str
                     "dtype": str(model.lm_head.weight.dtype),
                     "fast_cpu": bool(getattr(model, "fast_cpu", False))},
         "sampling": {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)},
-        "verifier": verifier, "max_nodes": int(max_nodes), "version": 1,
+        "verifier": verifier, "max_nodes": int(max_nodes), "version": 2,
     }
 
 
@@ -422,8 +438,9 @@ def resolve_auto_tree(model, temperature: float = 0.0, top_p: float = 1.0, top_k
               file=sys.stderr)
     if contexts is None:
         contexts = default_contexts(model, temperature=temperature)
-    acceptance, weight = measure_acceptance(model, contexts, temperature=temperature, top_p=top_p, top_k=top_k,
-                                            verifier=verifier)
+    raw, weight = measure_acceptance(model, contexts, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     verifier=verifier)
+    acceptance = smooth_acceptance(raw, weight)
     longest = max(contexts, key=lambda c: c.numel())
     cost, details = measure_costs(model, longest, temperature=temperature, top_p=top_p, top_k=top_k,
                                   verifier=verifier, **(measure_kwargs or {}))
@@ -432,7 +449,7 @@ def resolve_auto_tree(model, temperature: float = 0.0, top_p: float = 1.0, top_k
     rec = {"choices": fit.choices, "expected_tokens": fit.expected_tokens, "cycle_s": fit.cycle_s,
            "tokens_per_s": fit.tokens_per_s, "predicted_speedup": fit.speedup, "num_nodes": fit.num_nodes,
            "depth": fit.depth, "best_by_size": fit.best_by_size, "acceptance": acceptance.tolist(),
-           "acceptance_weight": weight.tolist(), "cost": cost.to_dict(), "cost_details": details,
+           "acceptance_raw": raw.tolist(), "acceptance_weight": weight.tolist(), "cost": cost.to_dict(), "cost_details": details,
            "contexts": len(contexts), "explanation": text, "measure_seconds": time.perf_counter() - t0,
            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     path = store_cached(key, rec, cache_root)

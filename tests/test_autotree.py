@@ -113,3 +113,16 @@ def test_eagenerate_auto_tree_is_fitted_once_and_stays_lossless(tmp_path, monkey
     monkeypatch.setattr(autotree, "resolve_auto_tree", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
     assert torch.equal(m.eagenerate(prompt, temperature=0.0, max_new_tokens=12, tree_choices="AUTO"), ref)
     assert m.resolve_tree("2x2") == "2x2"
+
+
+def test_smooth_acceptance():
+    from eagle.autotree import smooth_acceptance
+
+    table = np.array([[0.5, 0.2], [1.0, 0.0]])
+    weight = np.array([[100.0, 100.0], [1.0, 0.0]])
+    s = smooth_acceptance(table, weight, strength=4.0)
+    pooled0 = (50 + 1) / 101
+    assert s[0, 0] == pytest.approx((50 + 4 * pooled0) / 104)
+    assert s[1, 0] == pytest.approx((1 + 4 * pooled0) / 5)  # one lucky observation no longer reads 1.0
+    assert s[1, 1] == pytest.approx(0.2)  # never observed: the pooled rate of its rank
+    np.testing.assert_allclose(smooth_acceptance(table, weight, 0.0), table)
