@@ -79,8 +79,10 @@ def _grouped_bars(ax, groups: list[str], series: list[tuple[str, list, list]], y
     ax.set_xticklabels(groups, rotation=20)
     ax.set_ylabel(ylabel)
     finite = [v for _, vals, _ in series for v in vals if v is not None]
+    tops = [v + (e or 0.0) for _, vals, errs in series for v, e in zip(vals, errs) if v is not None]
+    bottoms = [v - (e or 0.0) for _, vals, errs in series for v, e in zip(vals, errs) if v is not None]
     if finite:
-        lo, hi = min(finite), max(finite)
+        lo, hi = min(bottoms), max(tops)
         pad = max(0.05 * (hi - lo), 0.05)
         ax.set_ylim(max(0.0, lo - 4 * pad), hi + 3 * pad)
 

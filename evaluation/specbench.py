@@ -35,8 +35,8 @@ __all__ = ["QUICK", "OneLineParser", "Config", "add_common_arguments", "check_ar
 
 #: what --quick sets (options given explicitly still win)
 QUICK = {"seeds": "0", "per_category": 2, "max_new_tokens": 48, "contexts_per_question": 3, "draws": 1}
-QUICK_NOTE = ("SMOKE RUN (--quick: 1 seed, 2 questions per category group, 48 new tokens per turn): it checks that "
-              "everything runs; its numbers are not a benchmark")
+QUICK_NOTE = ("SMOKE RUN (--quick: {seeds} seed(s), {per_category} question(s) per category group, {max_new} new "
+              "tokens per turn): it checks that everything runs; its numbers are not a benchmark")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -166,7 +166,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
     return Config(model=model, head=head, temperature=temperature, top_p=top_p, top_k=top_k, tree=tree,
                   methods=methods, seeds=seeds, per_category=per_cat, max_new_tokens=max_new, questions=questions,
                   question_file=args.question_file, out=out, device=device, dtype=dtype, threads=threads,
-                  template=template, plugins=plugins, quick=quick, note=QUICK_NOTE if quick else None,
+                  template=template, plugins=plugins, quick=quick,
+                  note=QUICK_NOTE.format(seeds=len(seeds), per_category=per_cat, max_new=max_new) if quick else None,
                   contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
                   no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False))
 

@@ -120,16 +120,17 @@ def table1(speed: dict, temperature: Optional[float] = None, tree: Optional[str]
             "baseline": baseline, "bootstrap": speed.get("bootstrap")}
 
 
-def _tau_table(t: dict, key: str, avg_key: str, delta_key: str) -> list[str]:
+def _tau_table(t: dict, key: str, avg_key: str, delta_key: str, speed: bool = True) -> list[str]:
     heads = ([GROUP_LABELS.get(g, g) for g in t["groups"]]
-             + ["Avg τ", f"Δ vs {method_label(t['reference'])}", "Tokens/s", "Speedup"])
+             + ["Avg τ", f"Δ vs {method_label(t['reference'])}"] + (["Tokens/s", "Speedup"] if speed else []))
     lines = ["| Method | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for row in t["rows"]:
         cells = [_cell(row[key].get(g), 2) for g in t["groups"]]
         cells.append(_cell(row[avg_key], 2))
         cells.append("-" if row["method"] == t["reference"] else _cell(row[delta_key], 1, "%", sign=True))
-        cells.append(_cell(row["tokens_per_s"], 1))
-        cells.append(_cell(row["speedup"], 2, "x"))
+        if speed:
+            cells.append(_cell(row["tokens_per_s"], 1))
+            cells.append(_cell(row["speedup"], 2, "x"))
         lines.append(f"| {method_label(row['method'])} | " + " | ".join(cells) + " |")
     return lines
 
@@ -180,7 +181,7 @@ def render_table1(t: dict, note: Optional[str] = None) -> str:
         lines += ["", "Rao-Blackwellised τ of the same runs: at every cycle the exact E[tokens per cycle | drafted "
                       "tree] from the verifier's outcome law (same definitions; agrees with τ above within errors)",
                   ""]
-        lines += _tau_table(t, "tau_expected", "avg_tau_expected", "delta_pct_expected")
+        lines += _tau_table(t, "tau_expected", "avg_tau_expected", "delta_pct_expected", speed=False)
     timing = render_timing(t)
     if timing:
         lines += ["", timing.rstrip("\n")]

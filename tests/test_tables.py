@@ -53,10 +53,10 @@ Questions per group: MT-bench 2, QA 2; seeds: 1; plain decoding (autoregressive)
 
 Rao-Blackwellised τ of the same runs: at every cycle the exact E[tokens per cycle | drafted tree] from the verifier's outcome law (same definitions; agrees with τ above within errors)
 
-| Method | MT-bench | QA | Avg τ | Δ vs RRSw | Tokens/s | Speedup |
-|---|---:|---:|---:|---:|---:|---:|
-| RRSw | 2.90 ± 0.01 | 2.05 ± 0.01 | 2.48 ± 0.01 | - | 30.0 ± 1.0 | 1.50x ± 0.05 |
-| UniVer | 3.20 ± 0.01 | 2.12 ± 0.01 | 2.66 ± 0.01 | +7.5% ± 0.2 | 33.3 ± 0.4 | 1.66x ± 0.02 |
+| Method | MT-bench | QA | Avg τ | Δ vs RRSw |
+|---|---:|---:|---:|---:|
+| RRSw | 2.90 ± 0.01 | 2.05 ± 0.01 | 2.48 ± 0.01 | - |
+| UniVer | 3.20 ± 0.01 | 2.12 ± 0.01 | 2.66 ± 0.01 | +7.5% ± 0.2 |
 
 Where the time goes (engine per-part timing, share of the timed parts; summed over all turns)
 
