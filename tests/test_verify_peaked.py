@@ -264,13 +264,50 @@ def test_rows_within_tolerance_give_the_normalised_law(method, seed):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_engine_temperature_sweep_never_fails(method):
-    """eagenerate from temperature 1e-4 to 2 on a tiny model, trees 2x5 and chain4, several seeds."""
+    """eagenerate from temperature 1e-4 to 2 on a tiny model whose head disagrees with the target
+    (rejections), trees 2x5, chain4 and mc_sim_7b_63. Before the fix rrsw and greedy crashed here at
+    1e-4 .. 2e-3 (a denormal residual draft mass)."""
+    from eagle.testing import tiny_ea_model
+
+    m = tiny_ea_model(vocab_size=32, seed=0, aligned=False)
+    ids = torch.tensor([[1, 5, 7, 3]])
+    temps = (1e-4, 2.4e-4, 5.6e-4, 1e-3, 1.78e-3, 5e-3, 0.05, 0.3, 1.0, 2.0)
+    for tree in ("2x5", [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]], "mc_sim_7b_63"):
+        for t in temps:
+            for seed in range(2):
+                out = m.eagenerate(ids, temperature=t, max_new_tokens=24, tree_choices=tree, verifier=method, seed=seed)
+                assert out.shape[1] > ids.shape[1]
+
+
+# ---- tiny temperatures: the limit law, never NaN or "no positive mass" -----------------------
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-45, 1e-38, 1e-30, 1e-8, 1e-4])
+def test_tiny_temperature_gives_the_limit_law(temperature):
+    from eagle.sampling import SamplingConfig, logits_to_probs, sample_from
+
+    logits = torch.tensor([[1.0, 0.0, 0.99999, -3.0], [2.0, 2.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    for top_p, top_k in ((1.0, 0), (0.9, 0), (1.0, 2)):
+        p = logits_to_probs(logits, SamplingConfig(temperature, top_p, top_k))
+        assert torch.isfinite(p).all()
+        torch.testing.assert_close(p.sum(-1), torch.ones(3))
+        if temperature < 1e-6:  # numerically one-hot on the maxima: uniform over ties
+            torch.testing.assert_close(p[0], torch.tensor([1.0, 0, 0, 0]))
+            torch.testing.assert_close(p[1], torch.tensor([0.5, 0.5, 0, 0]))
+        if top_p == 1.0 and top_k == 0 and temperature < 1e-6:
+            torch.testing.assert_close(p[2], torch.full((4,), 0.25))
+        assert sample_from(p, torch.Generator().manual_seed(0)).shape == (3,)
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-30])
+def test_engine_at_a_vanishing_temperature_is_greedy(temperature):
+    """A temperature so small that every processed law is one-hot gives plain greedy decoding
+    (when no two logits tie at the maximum), through every verifier."""
     from eagle.testing import tiny_ea_model
 
     m = tiny_ea_model(vocab_size=32, seed=0, aligned=True)
     ids = torch.tensor([[1, 5, 7, 3]])
-    for tree in ("2x5", [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]):
-        for t in (1e-4, 3e-4, 1e-3, 5e-3, 0.05, 0.3, 1.0, 2.0):
-            for seed in range(3):
-                out = m.eagenerate(ids, temperature=t, max_new_tokens=12, tree_choices=tree, verifier=method, seed=seed)
-                assert out.shape[1] > ids.shape[1]
+    greedy = m.naivegenerate(ids, temperature=0.0, max_new_tokens=12)
+    for method in METHODS:
+        out = m.eagenerate(ids, temperature=temperature, max_new_tokens=12, tree_choices="2x5", verifier=method,
+                           seed=0)
+        assert torch.equal(out, greedy), method
