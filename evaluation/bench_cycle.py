@@ -97,6 +97,13 @@ def run(args) -> dict:
     load0 = os.getloadavg()
     model = load_model(args.model, args.head, args.threads)
     d2t_file = getattr(model.ea_layer, "d2t", None)
+    if args.draft_vocab_file:
+        from eagle.train.draft_vocab import load_draft_vocab
+
+        d2t_file = load_draft_vocab(Path(args.draft_vocab_file).parent) if Path(args.draft_vocab_file).is_file() \
+            else load_draft_vocab(args.draft_vocab_file)
+        if d2t_file is None:
+            raise SystemExit(f"--draft-vocab-file {args.draft_vocab_file}: no draft_vocab.safetensors there")
     if args.draft_vocab != "off" and d2t_file is None and args.draft_vocab_k:
         from eagle.train.draft_vocab import count_tokens, top_k_vocab
 
@@ -120,6 +127,8 @@ def run(args) -> dict:
         for temp in args.temperatures:
             for tree in args.trees:
                 for dv in dv_variants:
+                    if tree == "auto" and not fast and len(fast_variants) > 1:
+                        continue  # the fitted tree is for the optimised model (the eager one keeps named trees)
                     if tree == "auto" and (fast, temp, dv) not in auto_info:
                         from eagle.autotree import resolve_auto_tree
 
@@ -260,6 +269,8 @@ def parse_args(argv=None):
     ap.add_argument("--temperatures", default="0", help="comma list, e.g. 0,1")
     ap.add_argument("--draft-vocab", default="off", choices=("off", "on", "both"),
                     help="run without / with the head's draft vocabulary (both: paired)")
+    ap.add_argument("--draft-vocab-file", default=None,
+                    help="a draft_vocab.safetensors (or its folder) to use instead of the head's own")
     ap.add_argument("--draft-vocab-k", type=int, default=0,
                     help="when the head has no draft_vocab.safetensors: build a K-token stand-in (timing only)")
     ap.add_argument("--fast-cpu", default="on", choices=("off", "on", "both"),
