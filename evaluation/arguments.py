@@ -1,4 +1,6 @@
-"""Every command-line argument of the harness checked before any work.
+"""Every command-line argument of the harness checked before any work (shared by the main job,
+``gen_answer`` and ``exact_tau``: :func:`add_common_arguments`, :func:`check_arguments`,
+:func:`load_checked_model`).
 
 Each check raises :class:`UsageError` whose message starts with the flag (``"--tree: unknown tree
 'bogus'..."``); :func:`exit_on_usage_error` turns it into ONE line on stderr and exit status 2 (no
@@ -8,16 +10,20 @@ and head folders (their ``config.json``) and the output folder's permissions.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
 import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 __all__ = ["UsageError", "BASELINE", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
-           "check_head", "check_question_file", "check_out_dir", "check_device", "check_template"]
+           "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
+           "load_model", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
+           "load_checked_model"]
 
 BASELINE = "naive"
 #: plugin modules the harness always imports (UniVer, Traversal, Greedy)
@@ -320,3 +326,193 @@ def check_template(template: Optional[str], model: str) -> Optional[str]:
         except ModuleNotFoundError as e:
             raise UsageError("--template", str(e)) from None
     return None
+
+
+def resolve_device(device: str = "auto", dtype: str = "auto"):
+    """``(device, torch dtype)``: ``auto`` = CUDA with float16 when available, else CPU with float32."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dt = torch.float16 if str(device).startswith("cuda") else torch.float32
+    else:
+        dt = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
+              "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[dtype]
+    return device, dt
+
+
+def load_model(base_model: str = "default", head: Optional[str] = None, device: str = "auto",
+               dtype: str = "auto"):
+    """Load ``EaModel.from_pretrained(base_model, head, dtype=..., device_map=...)`` once."""
+    from eagle.model.ea_model import EaModel
+
+    dev, dt = resolve_device(device, dtype)
+    return EaModel.from_pretrained(base_model_path=base_model, ea_model_path=head, dtype=dt, device_map=dev)
+
+
+#: what --quick sets (options given explicitly still win)
+QUICK = {"seeds": "0", "per_category": 2, "max_new_tokens": 48, "contexts_per_question": 3, "draws": 1}
+QUICK_NOTE = ("SMOKE RUN (--quick: {seeds} seed(s), {per_category} question(s) per category group, {max_new} new "
+              "tokens per turn): it checks that everything runs; its numbers are not a benchmark")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are ONE line (``prog: error: --flag ...``) and exit status 2."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+@dataclass
+class Config:
+    """Checked settings of one job (see :func:`check_arguments`)."""
+
+    model: str
+    head: Optional[str]
+    temperature: float
+    top_p: float
+    top_k: int
+    tree: str
+    methods: list
+    seeds: list
+    per_category: Optional[int]
+    max_new_tokens: int
+    questions: list = field(repr=False)
+    question_file: Optional[str]
+    out: Path
+    device: str
+    dtype: str
+    threads: int
+    template: Optional[str]
+    plugins: list
+    quick: bool
+    note: Optional[str]
+    contexts_per_question: int
+    draws: int
+    bootstrap: int
+    no_progress: bool
+    plots: bool
+
+    def settings(self) -> dict:
+        d = asdict(self)
+        d.pop("questions")
+        d["out"] = str(self.out)
+        d["question_ids"] = [q["question_id"] for q in self.questions]
+        return d
+
+
+def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) -> None:
+    """The harness's flags (shared by the main job, ``gen_answer`` and ``exact_tau``)."""
+    if positional:
+        ap.add_argument("model_pos", nargs="?", metavar="MODEL", help="same as --model")
+        ap.add_argument("temperature_pos", nargs="?", metavar="TEMPERATURE", help="same as --temperature")
+    ap.add_argument("--model", default=None, help="'default' (embedded SmolLM2-135M-Instruct + our head), a hub id "
+                                                  "or a folder")
+    ap.add_argument("--head", default=None, help="EAGLE-1 head folder or hub id (required for a non-default model)")
+    ap.add_argument("--temperature", default=None, help="sampling temperature (default 1.0)")
+    ap.add_argument("--top-p", default=1.0)
+    ap.add_argument("--top-k", default=0)
+    ap.add_argument("--tree", default="2x5", help="mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD (default 2x5)")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="verifiers (default: every registered verifier usable at the temperature); 'naive' is "
+                         "the plain-decoding baseline and always runs in the main job")
+    ap.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first (it registers verifiers); repeatable. univer_patch is always imported")
+    ap.add_argument("--seeds", nargs="+", default=None, help='seeds (default "0 1 2")')
+    ap.add_argument("--per-category", default=None,
+                    help="N questions per category group (mt_bench: N in total over its sub-categories); default all")
+    ap.add_argument("--categories", nargs="+", default=None, help="groups (mt_bench translation ...); default all")
+    ap.add_argument("--max-new-tokens", default=None, help="per turn (default 256)")
+    ap.add_argument("--question-file", default=None,
+                    help="Spec-Bench question.jsonl (default data/spec_bench/question.jsonl, downloaded and "
+                         "sha256-checked if absent)")
+    ap.add_argument("--out", default=None, help="output folder (default runs/specbench/<model>-temp<T>-<tree>)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    ap.add_argument("--dtype", default="auto", help="auto (cuda: float16, cpu: float32) | float16 | bfloat16 | float32")
+    ap.add_argument("--threads", default=1,
+                    help="CPU: torch threads (default 1: on a shared CPU several threads spin against each other); "
+                         "0 = torch's default")
+    ap.add_argument("--template", default=None,
+                    help="prompt format: a FastChat template (e.g. vicuna_v1.1) or chat_template; default: the "
+                         "tokenizer's chat template, or the known family's format (Vicuna -> vicuna_v1.1)")
+    ap.add_argument("--contexts-per-question", default=None,
+                    help="exact tau: shared contexts per question (default 8; 0 = skip exact tau)")
+    ap.add_argument("--draws", default=None, help="exact tau: tree draws per drafting rule and context (default 1)")
+    ap.add_argument("--bootstrap", default=1000, help="bootstrap resamples over questions (default 1000)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+
+
+def _pick(explicit, quick_value, default, quick: bool):
+    if explicit is not None:
+        return explicit
+    return quick_value if quick else default
+
+
+def check_arguments(args: argparse.Namespace) -> Config:
+    """Check every argument before any work (see :mod:`evaluation.arguments`); returns the settings.
+
+    Raises:
+        UsageError: the first bad argument (the message starts with its flag).
+    """
+    quick = bool(getattr(args, "quick", False))
+    model = args.model or getattr(args, "model_pos", None) or "default"
+    temp_raw = args.temperature if args.temperature is not None else (getattr(args, "temperature_pos", None) or 1.0)
+    temperature, top_p, top_k = check_sampling(temp_raw, args.top_p, args.top_k)
+    seeds = check_seeds(_pick(args.seeds, [QUICK["seeds"]], ["0 1 2"], quick))
+    per_cat = _pick(args.per_category, QUICK["per_category"], None, quick)
+    per_cat = None if per_cat is None else check_positive_int("--per-category", per_cat)
+    max_new = check_positive_int("--max-new-tokens", _pick(args.max_new_tokens, QUICK["max_new_tokens"], 256, quick))
+    cpq = check_positive_int("--contexts-per-question",
+                             _pick(args.contexts_per_question, QUICK["contexts_per_question"], 8, quick), minimum=0)
+    draws = check_positive_int("--draws", _pick(args.draws, QUICK["draws"], 1, quick))
+    n_boot = check_positive_int("--bootstrap", args.bootstrap, minimum=2)
+    threads = check_positive_int("--threads", args.threads, minimum=0)
+    device, dtype = check_device(args.device, args.dtype)
+    tree = check_tree(args.tree)
+    plugins = load_plugins(args.plugin)
+    methods = check_methods(args.methods, temperature)
+    model = check_model(model)
+    head = check_head(args.head, model)
+    template = check_template(args.template, model)
+    questions = check_question_file(args.question_file, args.categories, per_cat)
+    out = args.out or f"runs/specbench/{Path(str(model)).name}-temp{temperature:g}-{tree}" + ("-quick" if quick else "")
+    out = check_out_dir(out)
+    return Config(model=model, head=head, temperature=temperature, top_p=top_p, top_k=top_k, tree=tree,
+                  methods=methods, seeds=seeds, per_category=per_cat, max_new_tokens=max_new, questions=questions,
+                  question_file=args.question_file, out=out, device=device, dtype=dtype, threads=threads,
+                  template=template, plugins=plugins, quick=quick,
+                  note=QUICK_NOTE.format(seeds=len(seeds), per_category=per_cat, max_new=max_new) if quick else None,
+                  contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
+                  no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False))
+
+
+def load_checked_model(cfg: Config):
+    """Load the model once and choose the prompt format; returns ``(model, PromptFormat)``.
+
+    Raises:
+        UsageError: ``--model``/``--head`` (the load failed; first line of the cause) or ``--template``.
+    """
+    import torch
+
+    from evaluation.templates import choose_format
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    try:
+        model = load_model(cfg.model, cfg.head, cfg.device, cfg.dtype)
+    except Exception as e:  # noqa: BLE001 - hub/transformers raise many types; report one line
+        flag = "--head" if type(e).__name__ == "CheckpointMismatchError" else "--model/--head"
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(flag, f"cannot load {cfg.model!r} + head {cfg.head!r}: {msg}") from None
+    if getattr(model, "tokenizer", None) is None:
+        raise UsageError("--model", f"{cfg.model} has no loadable tokenizer (Llama tokenizers need sentencepiece "
+                                    f"and protobuf)")
+    try:
+        fmt = choose_format(cfg.model, model.tokenizer, cfg.template)
+    except (ValueError, ModuleNotFoundError) as e:
+        raise UsageError("--template", str(e).split(": ", 1)[-1] if str(e).startswith("--template") else str(e)) from None
+    return model, fmt

@@ -281,7 +281,7 @@ def write_exact(ex: dict, out_dir, note: Optional[str] = None) -> tuple[Path, Pa
 
 
 def _parser() -> argparse.ArgumentParser:
-    from evaluation.specbench import OneLineParser, add_common_arguments
+    from evaluation.arguments import OneLineParser, add_common_arguments
 
     ap = OneLineParser(prog="exact_tau",
                                  description="Exact expected tau of every method on shared contexts (paired).")
@@ -293,7 +293,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from evaluation.specbench import check_arguments, exit_on_usage_error, load_checked_model
+    from evaluation.arguments import check_arguments, exit_on_usage_error, load_checked_model
 
     ap = _parser()
     args = ap.parse_args(argv)

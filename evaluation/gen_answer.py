@@ -24,7 +24,7 @@ reads it for every category and "overall")::
      # added metadata (ours): run settings and provenance (:func:`provenance`)
      "method", "seed", "temperature", "top_p", "top_k", "tree" (null for naive), "max_new_tokens",
      "model", "head", "head_sha256": {file: sha256}, "commit", "torch", "transformers", "python",
-     "device", "dtype", "threads", "prompt_format": {"name", "source", "reason"}}
+     "device", "dtype", "threads", "fast_cpu", "prompt_format": {"name", "source", "reason"}}
 
 Timing: ``wall_time`` is the engine's own clock (``stats["wall_time"]``: prefill to the last token,
 CUDA synchronised, without the exact-law bookkeeping of ``expected_tau``), the same instrument for
@@ -50,6 +50,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from evaluation.arguments import load_model, resolve_device  # noqa: F401  (re-exported)
 from evaluation.questions import build_messages, build_prompt_ids
 
 __all__ = ["BASELINE", "call_seed", "answer_file_name", "resolve_device",
@@ -73,29 +74,6 @@ def answer_file_name(method: str, temperature: float, tree: Optional[str], seed:
     if method == BASELINE or tree is None:
         return f"{method}-temp{_fmt_temp(temperature)}-seed{seed}.jsonl"
     return f"{method}-temp{_fmt_temp(temperature)}-{tree}-seed{seed}.jsonl"
-
-
-def resolve_device(device: str = "auto", dtype: str = "auto"):
-    """``(device, torch dtype)``: ``auto`` = CUDA with float16 when available, else CPU with float32."""
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        dt = torch.float16 if str(device).startswith("cuda") else torch.float32
-    else:
-        dt = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
-              "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[dtype]
-    return device, dt
-
-
-def load_model(base_model: str = "default", head: Optional[str] = None, device: str = "auto",
-               dtype: str = "auto"):
-    """Load ``EaModel.from_pretrained(base_model, head, dtype=..., device_map=...)`` once."""
-    from eagle.model.ea_model import EaModel
-
-    dev, dt = resolve_device(device, dtype)
-    return EaModel.from_pretrained(base_model_path=base_model, ea_model_path=head, dtype=dt, device_map=dev)
 
 
 def read_answered_ids(path: os.PathLike | str) -> set[int]:
@@ -300,7 +278,7 @@ def resolve_head(model_name: str, head: Optional[str]) -> Optional[str]:
 
 def provenance(model, model_name: str = "default", head: Optional[str] = None, prompt_format=None) -> dict:
     """What produced an answer file: model, head path + sha256 of its weight files, commit, versions,
-    dtype, device, torch threads, prompt format. JSON-ready."""
+    dtype, device, torch threads, the engine's fast CPU linears flag, prompt format. JSON-ready."""
     import platform
 
     import torch
@@ -314,6 +292,7 @@ def provenance(model, model_name: str = "default", head: Optional[str] = None, p
         "commit": git_commit(), "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "device": str(getattr(model, "device", "cpu")),
         "dtype": None if dtype is None else str(dtype), "threads": int(torch.get_num_threads()),
+        "fast_cpu": getattr(model, "fast_cpu", None),
         "prompt_format": None if prompt_format is None else prompt_format.describe(),
     }
 
@@ -418,9 +397,8 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     """``python -m evaluation.gen_answer``: answers only (same flags and checks as the main job; the
     baseline runs only when ``naive`` is among ``--methods``)."""
-    from evaluation.arguments import UsageError
-    from evaluation.specbench import OneLineParser, add_common_arguments, check_arguments, exit_on_usage_error
-    from evaluation.specbench import load_checked_model
+    from evaluation.arguments import (OneLineParser, UsageError, add_common_arguments, check_arguments,
+                                      exit_on_usage_error, load_checked_model)
 
     ap = OneLineParser(prog="gen_answer", description="Generate Spec-Bench answers (baseline 'naive' and verifiers).")
     add_common_arguments(ap)
