@@ -17,7 +17,7 @@ import torch
 
 import univer_patch  # noqa: F401  (registers the verifiers)
 from eagle.tree import balanced, build_tree
-from eagle.verify import get_verifier
+from eagle.verify import available_verifiers, get_verifier
 from eagle.verify.checks import check_tree_inputs
 from eagle.rules import children_law
 from univer_patch import block, greedy, univer
@@ -134,12 +134,9 @@ def text_law_error(outcome_fn, choices, rule: str, laws: Laws) -> tuple[float, f
     return err, tau
 
 
-METHODS = {
-    "rrsw": ("wor", get_verifier("rrsw").outcome_probs),
-    "traversal": ("wor", get_verifier("traversal").outcome_probs),
-    "greedy": ("topk_residual", get_verifier("greedy").outcome_probs),
-    "univer": ("topk_residual", get_verifier("univer").outcome_probs),
-}
+#: every method the registry lists for temperature > 0 (a newly registered one is tested too)
+METHODS = {name: (get_verifier(name).drafting, get_verifier(name).outcome_probs)
+           for name in available_verifiers(temperature=1.0)}
 
 # (shape name, choices, V) per drafting rule; sizes keep the enumeration small
 SHAPES = {
@@ -153,7 +150,7 @@ SHAPES = {
 
 def _cases():
     for name, (rule, _) in METHODS.items():
-        for shape, choices, V in SHAPES[rule]:
+        for shape, choices, V in SHAPES.get(rule, ()):
             for regime in REGIMES:
                 marks = [pytest.mark.slow] if shape == "2x3" else []
                 yield pytest.param(name, choices, V, regime, id=f"{name}-{shape}-V{V}-{regime}", marks=marks)

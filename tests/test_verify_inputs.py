@@ -73,7 +73,7 @@ def _scale(x, i, f):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("method", ["rrsw", "traversal", "greedy", "univer"])
+@pytest.mark.parametrize("method", available_verifiers(temperature=1.0))
 def test_bad_input_raises_naming_node(case, method):
     fn, needle = CASES[case]
     args = _mut(fn)

@@ -13,10 +13,11 @@ import torch
 
 import univer_patch
 from eagle.tree import build_tree
+from eagle.verify import available_verifiers
 from eagle.rules import draw_children, remaining_mass, remaining_masses
 from evaluation.bench_verify import make_instance
 
-METHODS = ("rrsw", "traversal", "greedy", "univer")
+METHODS = tuple(available_verifiers(temperature=1.0))
 
 
 def _normalised(x: torch.Tensor) -> torch.Tensor:

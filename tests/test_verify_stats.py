@@ -7,16 +7,12 @@ from scipy.stats import chisquare
 
 import univer_patch
 from eagle.tree import balanced, build_tree
-from eagle.verify import get_verifier
+from eagle.verify import available_verifiers, get_verifier
 from eagle.verify.checks import structure_of
-from eagle.verify.rrsw import rrsw_kernel
 from eagle.rules import draw_children
 from univer_patch import univer
-from univer_patch.greedy import greedy_kernel
-from univer_patch.traversal import traversal_kernel
 
-METHODS = ["rrsw", "traversal", "greedy", "univer"]
-KERNELS = {"rrsw": rrsw_kernel, "traversal": traversal_kernel, "greedy": greedy_kernel, "univer": univer.univer_kernel}
+METHODS = available_verifiers(temperature=1.0)
 
 
 def instance(choices, V, rule, seed, dtype=torch.float64, close=True):
@@ -68,7 +64,7 @@ def test_seeded_determinism_and_purity(method):
     assert a == b
     st = structure_of(parents)
     u = torch.rand(st.num_nodes, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    assert KERNELS[method](st, tokens, target, draft, u) == KERNELS[method](st, tokens, target, draft, u.clone())
+    assert ver.kernel(st, tokens, target, draft, u) == ver.kernel(st, tokens, target, draft, u.clone())
     for i, y in a:
         assert 0 <= i < st.num_nodes and 0 <= y < target.shape[1]
 
