@@ -1,5 +1,7 @@
 """Static draft trees: choices data and the buffers derived from them."""
 from .buffers import TreeBuffers, TreePlan, additive_mask, build_tree, path_to_root, subtree_parents
 from .choices import MC_SIM_7B_63, balanced, chain, resolve_tree
+from .structure import TreeStructure, structure_of, tree_structure
 
-__all__ = ["TreeBuffers", "TreePlan", "additive_mask", "build_tree", "path_to_root", "subtree_parents", "MC_SIM_7B_63", "balanced", "chain", "resolve_tree"]
+__all__ = ["TreeBuffers", "TreePlan", "additive_mask", "build_tree", "path_to_root", "subtree_parents", "MC_SIM_7B_63", "balanced", "chain", "resolve_tree",
+           "TreeStructure", "tree_structure", "structure_of"]

@@ -1,4 +1,4 @@
-"""Tree buffers derived from ``choices``, in one place.
+"""Tree buffers derived from ``choices`` (topology via :func:`eagle.tree.structure.tree_structure`).
 
 Node 0 is the root (the last committed token); nodes 1..N-1 are the choices sorted by
 (depth, path), so every parent precedes its children and siblings appear in rank order
@@ -12,6 +12,7 @@ from functools import lru_cache
 import torch
 
 from .choices import resolve_tree
+from .structure import tree_structure
 
 __all__ = ["TreeBuffers", "TreePlan", "build_tree", "subtree_parents", "additive_mask", "path_to_root"]
 
@@ -161,33 +162,29 @@ def _build(key: tuple) -> TreeBuffers:
     index = {(): 0}
     for i, t in enumerate(paths):
         index[t] = i + 1
-    n = len(paths) + 1
+    par_tuple = (-1,) + tuple(index[t[:-1]] for t in paths)
+    st = tree_structure(par_tuple)  # the one topology derivation (children, depth)
+    n = st.num_nodes
     cpu = torch.device("cpu")  # explicit: the buffers live on the host whatever the default device
-    parents = torch.full((n,), -1, dtype=torch.long, device=cpu)
-    depth = torch.zeros(n, dtype=torch.long, device=cpu)
-    rank = torch.zeros(n, dtype=torch.long, device=cpu)
-    children = [[] for _ in range(n)]
-    for t in paths:
-        i, par = index[t], index[t[:-1]]
-        parents[i], depth[i], rank[i] = par, len(t), t[-1]
-        children[par].append(i)  # paths are sorted, so ranks come in order
+    parents = torch.tensor(par_tuple, dtype=torch.long, device=cpu)
+    depth = torch.tensor(st.depth, dtype=torch.long, device=cpu)
+    rank = torch.tensor((0,) + tuple(t[-1] for t in paths), dtype=torch.long, device=cpu)
     anc = torch.zeros(n, n, dtype=torch.bool, device=cpu)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            anc[i, j] = True
-            j = int(parents[j])
-    max_depth = int(depth.max())
-    levels = tuple(torch.nonzero(depth == d).flatten() for d in range(max_depth + 1))
-    leaves = [i for i in range(n) if not children[i]]
+    paths_to_root = [path_to_root(par_tuple, i) for i in range(n)]
+    for i, path in enumerate(paths_to_root):
+        anc[i, path] = True
+    max_depth = max(st.depth)
+    levels = tuple(torch.tensor([v for v in range(n) if st.depth[v] == d], dtype=torch.long, device=cpu)
+                   for d in range(max_depth + 1))
+    leaves = [i for i in range(n) if not st.children[i]]
     rp = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long, device=cpu)
     for r, leaf in enumerate(leaves):
-        path = torch.nonzero(anc[leaf]).flatten()  # ancestors have smaller index: already root-first
-        rp[r, : path.numel()] = path
+        path = paths_to_root[leaf]
+        rp[r, : len(path)] = torch.tensor(path, dtype=torch.long, device=cpu)
     return TreeBuffers(
         choices=tuple(paths), parents=parents, depth=depth, rank=rank,
-        num_children=torch.tensor([len(c) for c in children], dtype=torch.long, device=cpu),
-        children=tuple(tuple(c) for c in children), ancestor_mask=anc, levels=levels, retrieve_paths=rp,
+        num_children=torch.tensor([len(c) for c in st.children], dtype=torch.long, device=cpu),
+        children=st.children, ancestor_mask=anc, levels=levels, retrieve_paths=rp,
     )
 
 
