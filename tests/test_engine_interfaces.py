@@ -22,9 +22,11 @@ def test_timing_parts_sum_to_wall_time(temperature):
     assert all(v >= 0 for v in t.values())
     assert t["draft"] > 0 and t["target_forward"] > 0 and t["verify"] > 0
     assert math.isclose(sum(t.values()), st["wall_time"], rel_tol=1e-6, abs_tol=1e-6)
+    assert 0 < st["prefill_s"] <= t["target_forward"] + t["target_laws"]
     _, naive = m.naivegenerate(IDS, temperature=temperature, max_new_tokens=10, seed=0, return_stats=True)
     assert tuple(naive["timing"]) == TIMING_PARTS and naive["timing"]["target_forward"] > 0
     assert math.isclose(sum(naive["timing"].values()), naive["wall_time"], rel_tol=1e-6, abs_tol=1e-6)
+    assert 0 < naive["prefill_s"] <= naive["timing"]["target_forward"] + naive["timing"]["target_laws"]
 
 
 def test_expected_tau_at_temperature_0_is_the_accept_length():

@@ -271,6 +271,8 @@ class EaModel(nn.Module):
         while True:
             tok = _next_token(logits[0, -1], cfg, gen)
             timer.lap("target_laws")
+            if not out:
+                timer.since_start()
             out.append(tok)
             if progress is not None:
                 progress(1)
@@ -284,8 +286,9 @@ class EaModel(nn.Module):
         ids = torch.cat([input_ids, torch.tensor([out], device=dev)], dim=1)
         if not return_stats:
             return ids
+        timing = timer.result(wall)
         return ids, {"accept_lengths": [1] * (len(out) - 1), "new_tokens": len(out), "wall_time": wall,
-                     "decoding_steps": len(out) - 1, "timing": timer.result(wall)}
+                     "decoding_steps": len(out) - 1, "timing": timing, "prefill_s": timer.split}
 
     def _choose(self, verifier, temperature, top_p, top_k, tree_choices):
         """The per-call choices, made once: sampling config, verifier (temperature 0 -> "argmax"), tree."""
@@ -366,7 +369,8 @@ class EaModel(nn.Module):
             over the call: ``draft`` (head passes + draws), ``target_forward`` (prefill and tree
             forwards incl. masks), ``target_laws`` (logit checks + processed target laws, first token),
             ``verify``, ``cache_update`` (KV cache + next inputs), ``other`` (the rest of
-            ``wall_time``)); with ``expected_tau``: ``expected_accept_lengths`` (list[float] per cycle,
+            ``wall_time``)), ``prefill_s`` (seconds of the prefill: prompt forward + first token, also
+            counted in ``target_forward`` / ``target_laws``); with ``expected_tau``: ``expected_accept_lengths`` (list[float] per cycle,
             E[accepted draft tokens + 1 | drafted tree] = sum over outcomes of (depth + 1) x probability,
             not trimmed at EOS / max_new_tokens).
 
@@ -394,6 +398,7 @@ class EaModel(nn.Module):
         timer.lap("target_forward")
         root = _next_token(logits[0, -1], cfg, gen)
         timer.lap("target_laws")
+        timer.since_start()  # the prefill (its forward and first token are also in the parts)
         out = [root]
         if progress is not None:
             progress(1)
@@ -449,7 +454,7 @@ class EaModel(nn.Module):
             return ids
         timing = timer.result(wall)
         stats = {"accept_lengths": accept_lengths, "new_tokens": len(out), "wall_time": wall - timer.excluded,
-                 "decoding_steps": len(accept_lengths), "timing": timing}
+                 "decoding_steps": len(accept_lengths), "timing": timing, "prefill_s": timer.split}
         if expected_tau:
             stats["expected_accept_lengths"] = expected
         return ids, stats
@@ -560,7 +565,8 @@ class PartTimer:
         self.totals: dict[str, float] = defaultdict(float)
         self.excluded = 0.0
         self._events: list = []  # (part, start event, end event)
-        self._last = None
+        self._last = self._first = self._split = None
+        self.split = 0.0
 
     def _mark(self):
         if self.cuda:
@@ -571,7 +577,12 @@ class PartTimer:
 
     def start(self) -> None:
         if self.enabled:
-            self._last = self._mark()
+            self._last = self._first = self._mark()
+
+    def since_start(self) -> None:
+        """Remember the time from :meth:`start` to now (read as ``self.split`` after :meth:`result`)."""
+        if self.enabled:
+            self._split = self._mark()
 
     def lap(self, part: str) -> None:
         """Charge the time since the previous lap (or start/resume) to ``part``."""
@@ -607,6 +618,9 @@ class PartTimer:
         else:
             excluded = self.totals.pop("_excluded", 0.0)
         self.excluded = excluded
+        if self._split is not None:
+            self.split = (self._first.elapsed_time(self._split) / 1e3 if self.cuda
+                          else self._split - self._first)
         named = sum(v for k, v in self.totals.items() if k != "other")
         out = {k: float(self.totals.get(k, 0.0)) for k in TIMING_PARTS if k != "other"}
         out["other"] = max(wall - excluded - named, 0.0)
