@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy.stats import chisquare
 
 import univer_patch  # noqa: F401  (registers traversal, greedy, univer)
 from eagle.tree import build_tree
 from eagle.verify import available_verifiers, get_verifier
+from test_verify_stats import chi_square_pvalue, sample_counts
 from eagle.rules import children_law, draw_children
 
 METHODS = tuple(available_verifiers(temperature=1.0))  # every method lossless at temperature > 0
@@ -224,21 +224,8 @@ def test_samples_match_the_law_on_peaked_laws(method, gap):
     target = torch.stack([laws.f32(p, "target") for p in paths])
     draft = torch.stack([laws.f32(p, "draft") for p in paths])
     exact = ver.outcome_probs(parents, tokens, target, draft).double()
-    g = torch.Generator().manual_seed(1)
-    n = 2000
-    counts = torch.zeros_like(exact)
-    for _ in range(n):
-        i, y = ver.verify(parents, tokens, target, draft, g)
-        assert exact[i, y] > 0
-        counts[i, y] += 1
-    e, o = (exact * n).flatten(), counts.flatten()
-    big = e >= 5
-    obs, exp = o[big].tolist(), e[big].tolist()
-    if float(e[~big].sum()) > 0:
-        obs.append(float(o[~big].sum()))
-        exp.append(float(e[~big].sum()))
-    if len(exp) > 1:
-        assert chisquare(obs, [x * sum(obs) / sum(exp) for x in exp]).pvalue > 1e-3
+    counts = sample_counts(ver, (parents, tokens, target, draft), exact, 2000, seed=1)
+    assert chi_square_pvalue(exact, counts) > 1e-3
 
 
 # ---- the tolerance promise -----------------------------------------------------------------

@@ -109,6 +109,17 @@ def test_load_plugin_names_a_missing_module():
     assert load_plugin("univer_patch").__name__ == "univer_patch"
 
 
+def _installed_distribution(folder, monkeypatch, name: str, entry_point: str) -> None:
+    """A minimal installed distribution (a dist-info folder on sys.path) with one entry point in the
+    verifier group; the registry is told to load its plugins again."""
+    dist = folder / f"{name}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{entry_point}\n")
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(registry, "_PLUGINS_LOADED", False)
+
+
 def test_entry_point_plugin_is_loaded(tmp_path, monkeypatch):
     """An installed distribution (a dist-info folder on sys.path) declaring an entry point in the
     group registers its verifier when the registry lists the methods; eagle imports it by no name."""
@@ -117,12 +128,7 @@ def test_entry_point_plugin_is_loaded(tmp_path, monkeypatch):
         from eagle.verify.rrsw import rrsw_kernel, rrsw_law
         register_verifier(Verifier("fake_plugin_rrsw", "wor", rrsw_kernel, rrsw_law, "test plugin"))
     '''))
-    dist = tmp_path / "fake_verifier_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-verifier-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nfake = fake_verifier_plugin\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_PLUGINS_LOADED", False)
+    _installed_distribution(tmp_path, monkeypatch, "fake_verifier_plugin", "fake = fake_verifier_plugin")
     try:
         assert "fake_plugin_rrsw" in available_verifiers(temperature=1.0)
         assert get_verifier("fake_plugin_rrsw").description == "test plugin"
@@ -132,12 +138,7 @@ def test_entry_point_plugin_is_loaded(tmp_path, monkeypatch):
 
 
 def test_a_broken_entry_point_warns(tmp_path, monkeypatch):
-    dist = tmp_path / "broken_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nbroken = no_such_module_abc\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_PLUGINS_LOADED", False)
+    _installed_distribution(tmp_path, monkeypatch, "broken_plugin", "broken = no_such_module_abc")
     with pytest.warns(UserWarning, match="broken"):
         names = available_verifiers()
     assert "rrsw" in names
@@ -210,3 +211,21 @@ def test_source_tree_plugin_by_explicit_import():
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+def test_a_given_structure_saves_the_parents_copy(monkeypatch):
+    """verify(..., validate=False, structure=st) never reads ``parents`` (the engine has the tree's
+    structure on the host already): same outcomes as without it."""
+    from eagle.verify import checks
+    from eagle.verify.checks import tree_structure
+
+    parents, tokens, target, draft = make_instance("2x5", 30, "wor", "cpu", seed=1)
+    st = tree_structure(tuple(parents.tolist()))
+    want = [get_verifier("rrsw").verify(parents, tokens, target, draft, torch.Generator().manual_seed(s),
+                                        validate=False) for s in range(5)]
+    monkeypatch.setattr(checks, "structure_of", lambda p: pytest.fail("parents read"))
+    got = [get_verifier("rrsw").verify(parents, tokens, target, draft, torch.Generator().manual_seed(s),
+                                       validate=False, structure=st) for s in range(5)]
+    assert got == want
+    law = get_verifier("rrsw").outcome_probs(parents, tokens, target, draft, validate=False, structure=st)
+    assert abs(float(law.sum()) - 1) < 1e-6

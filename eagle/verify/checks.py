@@ -297,7 +297,8 @@ def _renormalise(x: torch.Tensor, sums: torch.Tensor | None, rows: torch.Tensor 
 
 
 def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                 drafting: str | None, check: bool = True, exact: bool = False):
+                 drafting: str | None, check: bool = True, exact: bool = False,
+                 structure: TreeStructure | None = None):
     """The door of every verifier: validate (unless ``check`` is False) and bring the laws to the
     dtype the kernels compute in, as normalised rows.
 
@@ -309,7 +310,8 @@ def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torc
         from 1) are divided by their sums when ``check`` is True, so the law used is that of the
         normalised rows; with ``check=False`` such rows are trusted as normalised (a softmax is,
         to float rounding) and pass through without a copy. ``exact`` (for exact laws): both laws
-        in float64, every row divided by its sum.
+        in float64, every row divided by its sum. ``structure``: the tree's :class:`TreeStructure`
+        when the caller has it (saves the host copy of ``parents``; used only with ``check=False``).
 
     Raises:
         ValueError: as :func:`check_tree_inputs`.
@@ -317,7 +319,7 @@ def prepare_step(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torc
     if check:
         st, tsum, dsum = _validate(parents, tokens, target_probs, draft_probs, drafting)
     else:
-        st, tsum, dsum = structure_of(parents), None, None
+        st, tsum, dsum = (structure if structure is not None else structure_of(parents)), None, None
     if exact:
         def norm64(x: torch.Tensor) -> torch.Tensor:
             x = x.to(torch.float64)

@@ -84,7 +84,7 @@ class Verifier:
 
     def verify(self, parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
                draft_probs: torch.Tensor, generator: torch.Generator | None = None, *,
-               validate: bool = True) -> tuple[int, int]:
+               validate: bool = True, structure: TreeStructure | None = None) -> tuple[int, int]:
         """Sample one outcome.
 
         Args:
@@ -96,6 +96,9 @@ class Verifier:
                 rows summing to 1 only within the tolerance by their sums. ``False`` is for laws
                 the caller built itself (the engine's softmax rows): no checks, but float16 /
                 bfloat16 laws are still upcast to float32 and renormalised.
+            structure: the tree's :class:`~eagle.verify.checks.TreeStructure` if the caller has it
+                (``tree_structure(tuple(parents))``): with ``validate=False`` no host copy of
+                ``parents`` is made.
 
         Returns:
             ``(node_index, next_token)`` ints: the last accepted node and the token after it.
@@ -104,17 +107,19 @@ class Verifier:
             ValueError: on invalid inputs (the message names the node), with ``validate``.
         """
         st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs,
-                                                             self.drafting, validate)
+                                                             self.drafting, validate, structure=structure)
         uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64, device=target_probs.device)
         node, y = self.kernel(st, tokens, target_probs, draft_probs, uniforms)
         return int(node), int(y)
 
     def outcome_probs(self, parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
-                      draft_probs: torch.Tensor, *, validate: bool = True, **options) -> torch.Tensor:
+                      draft_probs: torch.Tensor, *, validate: bool = True, structure: TreeStructure | None = None,
+                      **options) -> torch.Tensor:
         """Exact law of the outcome.
 
         Computed in float64 on the rows divided by their sums (the law of the normalised rows).
-        ``options`` go to :attr:`outcome_law` (test-only negative controls such as ``_broken``).
+        ``options`` go to :attr:`outcome_law` (test-only negative controls such as ``_broken``);
+        ``structure`` as in :meth:`verify`.
 
         Returns:
             ``[N, V]`` in the dtype the kernels compute in (float32 for float16 / bfloat16 laws,
@@ -126,7 +131,8 @@ class Verifier:
         """
         dtype = compute_dtype(target_probs.dtype, draft_probs.dtype)
         st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs,
-                                                             self.drafting, validate, exact=True)
+                                                             self.drafting, validate, exact=True,
+                                                             structure=structure)
         return self.outcome_law(st, tokens, target_probs, draft_probs, **options).to(dtype)
 
 
