@@ -456,3 +456,4 @@ def resolve_auto_tree(model, temperature: float = 0.0, top_p: float = 1.0, top_k
     if verbose:
         print(f"{text}\n  (measured in {rec['measure_seconds']:.0f} s; cached in {path})", file=sys.stderr)
     return fit.choices
+
