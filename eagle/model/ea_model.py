@@ -1,11 +1,13 @@
 """``EaModel``: a Hugging Face causal LM (the target) plus an EAGLE-1 head, with tree decoding.
 
 One cycle of :meth:`EaModel.eagenerate`:
-  1. the head consumes the newly committed (token, target feature) pairs and drafts the static
-     tree with the verifier's drafting rule;
+  1. the drafter (:class:`~eagle.drafting.EagleTreeDrafter`) consumes the newly committed (token,
+     target feature) pairs and returns the drafted, pruned tree (:class:`~eagle.drafting.DraftTree`),
+     drawn with the verifier's drafting rule;
   2. ONE target forward over all drafted nodes (tree attention mask + position ids on top of the
      KV cache; transformers' public cache API and a 4D additive float mask);
-  3. the verifier picks the accepted path and the next token (``evaluate_posterior``);
+  3. the verifier chosen once for the call (``select_verifier``: "argmax" at temperature 0) picks
+     the accepted path and the next token;
   4. the target cache keeps exactly prefix + accepted path; the head cache is back at its
      committed length; generation stops at the first EOS and never exceeds ``max_new_tokens``.
 
