@@ -309,11 +309,12 @@ class EaModel(nn.Module):
             return spec
         key = (0.0, 1.0, 0) if temperature == 0 else (float(temperature), float(top_p), int(top_k))
         memo = self.__dict__.setdefault("_auto_trees", {})
-        if key not in memo:
+        state = (key, self.fast_cpu, id(getattr(self.ea_layer, "d2t", None)))  # the fit depends on both
+        if state not in memo:
             from ..autotree import resolve_auto_tree  # measures with this model (duck-typed, no cycle)
 
-            memo[key] = resolve_auto_tree(self, *key)
-        return memo[key]
+            memo[state] = resolve_auto_tree(self, *key)
+        return memo[state]
 
     def _score_tree(self, cache, head_cache, root: int, pending_tokens, pending_feats, tree, rule, cfg, gen,
                     timer=None):
