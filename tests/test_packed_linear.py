@@ -81,3 +81,15 @@ def test_first_two_tokens_follow_target_with_fast_cpu(method):
     law = exact_two_token_law(m)  # the packed model's own law
     counts = empirical(m, method, N_RUNS, "2x2")
     assert p_value(counts, law) > P_MIN
+
+
+def test_from_pretrained_turns_fast_cpu_on_for_a_float32_cpu_target(tmp_path):
+    from eagle.model.ea_model import EaModel
+
+    m = tiny_ea_model(vocab_size=32, seed=2)
+    m.base_model.save_pretrained(tmp_path / "base")
+    m.ea_layer.save_pretrained(tmp_path / "head")
+    loaded = EaModel.from_pretrained(str(tmp_path / "base"), str(tmp_path / "head"))
+    assert loaded.fast_cpu and isinstance(loaded.lm_head, PackedLinear)
+    off = EaModel.from_pretrained(str(tmp_path / "base"), str(tmp_path / "head"), fast_cpu=False)
+    assert not off.fast_cpu and not any(isinstance(x, PackedLinear) for x in off.modules())
