@@ -125,3 +125,24 @@ def test_first_two_tokens_follow_target_with_a_draft_vocabulary(method):
     counts = empirical(m, method, N_RUNS, "2x2")
     assert p_value(counts, law) > P_MIN
     assert counts[top].sum() > 0
+
+
+def test_cli_counts_the_corpus_and_writes_beside_the_head(tmp_path):
+    from eagle.train.corpus import write_shard
+    from eagle.train.draft_vocab import main
+
+    m = tiny_ea_model(vocab_size=32, seed=0, eos_token_id=31)
+    m.base_model.save_pretrained(tmp_path / "base")
+    m.ea_layer.save_pretrained(tmp_path / "head")
+    (tmp_path / "corpus" / "run").mkdir(parents=True)
+    recs = [{"uid": "a", "split": "train", "turns": [{"prompt_ids": [1, 2], "answer_ids": [5, 5, 5, 7, 7, 9]}]},
+            {"uid": "b", "split": "heldout", "turns": [{"prompt_ids": [1], "answer_ids": [3, 3, 3, 3]}]},
+            {"uid": "c", "split": "train", "turns": [{"prompt_ids": [4], "answer_ids": [7, 2]}]}]
+    write_shard(tmp_path / "corpus" / "run" / "shard_00000.jsonl.gz", recs)
+    info = main(["--head", str(tmp_path / "head"), "--base", str(tmp_path / "base"), "--k", "2",
+                 "--data", str(tmp_path / "corpus"), "--min-tokens", "0"])
+    # counts 5:3, 7:3, 9:1, 2:1 (held-out answers not counted); K=2 = EOS 31 + the most frequent (tie 5/7: 5)
+    assert load_draft_vocab(tmp_path / "head").tolist() == [5, 31]
+    assert info["counted_tokens"] == 8 and info["k"] == 2
+    head = EagleHead.from_pretrained(tmp_path / "head", embedding=m.base_model.get_input_embeddings())
+    assert head.d2t.tolist() == [5, 31]
