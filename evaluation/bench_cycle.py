@@ -122,7 +122,7 @@ def run(args) -> dict:
         model.set_fast_cpu(fast)
         model.ea_layer.set_draft_vocab(d2t_file if dv else None)
 
-    configs, auto_info, predicted = [], {}, {}
+    configs, auto_info, predicted, autotree_contexts = [], {}, {}, []
     for fast in fast_variants:
         for temp in args.temperatures:
             for tree in args.trees:
@@ -130,10 +130,13 @@ def run(args) -> dict:
                     if tree == "auto" and not fast and len(fast_variants) > 1:
                         continue  # the fitted tree is for the optimised model (the eager one keeps named trees)
                     if tree == "auto" and (fast, temp, dv) not in auto_info:
-                        from eagle.autotree import resolve_auto_tree
+                        from eagle import autotree
 
                         setup(fast, dv)  # the fitted tree depends on the costs (fast_cpu, draft vocabulary)
-                        auto_info[(fast, temp, dv)] = resolve_auto_tree(model, temp)
+                        if not autotree_contexts:  # generated once (greedy), shared by every fit of this run
+                            autotree_contexts.extend(autotree.default_contexts(model))
+                        auto_info[(fast, temp, dv)] = autotree.resolve_auto_tree(model, temp,
+                                                                                 contexts=autotree_contexts)
                         predicted[(fast, temp, dv)] = _predicted(model, temp)
                     for method in args.methods:
                         configs.append({"tree": tree, "method": method, "temperature": temp, "draft_vocab": dv,

@@ -12,12 +12,14 @@ def test_bench_cycle_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("UNIVER_EAGLE_CACHE", str(tmp_path / "cache"))
     fit = autotree.resolve_auto_tree
 
-    def small_fit(model, temperature, **kw):  # a quick fit: few contexts, few timings
-        ctx = autotree.default_contexts(model, n_prompts=1, new_tokens=6, per_prompt=2)
-        return fit(model, temperature, contexts=ctx, measure_kwargs=dict(tokens=(1, 2, 4), trees=("chain1", "2x2"),
-                                                                          new_tokens=4, rounds=1), **kw)
+    def small_fit(model, temperature, contexts=None, **kw):  # a quick fit: few timings
+        return fit(model, temperature, contexts=contexts[:2], measure_kwargs=dict(
+            tokens=(1, 2, 4), trees=("chain1", "2x2"), new_tokens=4, rounds=1), **kw)
 
     monkeypatch.setattr(autotree, "resolve_auto_tree", small_fit)
+    contexts = autotree.default_contexts
+    monkeypatch.setattr(autotree, "default_contexts",
+                        lambda model: contexts(model, n_prompts=1, new_tokens=6, per_prompt=2))
     out = tmp_path / "bc"
     res = main(["--model", "tiny", "--trees", "chain2,2x2,auto", "--methods", "rrsw", "--temperatures", "0,1",
                 "--draft-vocab", "both", "--draft-vocab-k", "16", "--fast-cpu", "both", "--new-tokens", "4",
