@@ -117,7 +117,15 @@ def text_law_error(outcome_fn, choices, rule: str, laws: Laws) -> tuple[float, f
                     L[key] = L.get(key, 0.0) + prob * w
                     mass_i += w
             tau += prob * mass_i * len(paths[i])
-    V = laws.V
+    return law_error(L, lambda path: laws(path, "target"), laws.V, depth), tau
+
+
+def law_error(L: dict, target_law, V: int, depth: int) -> float:
+    """Max over token sequences of length depth+1 of |generated law - target law|.
+
+    ``L[prefix]``: probability that the verifier emits exactly ``prefix`` (then the target continues);
+    ``target_law(path)``: the target's law ``[V]`` after the token path (root token 0 first).
+    """
     err = 0.0
     for seq in itertools.product(range(V), repeat=depth + 1):
         target_p, gen = 1.0, 0.0
@@ -127,11 +135,11 @@ def text_law_error(outcome_fn, choices, rule: str, laws: Laws) -> tuple[float, f
             if prefix in L:
                 cont = 1.0
                 for j in range(k + 1, depth + 1):
-                    cont *= float(laws((0,) + seq[:j], "target")[seq[j]])
+                    cont *= float(target_law((0,) + seq[:j])[seq[j]])
                 gen += L[prefix] * cont
-            target_p *= float(laws((0,) + seq[:k], "target")[seq[k]])
+            target_p *= float(target_law((0,) + seq[:k])[seq[k]])
         err = max(err, abs(gen - target_p))
-    return err, tau
+    return err
 
 
 #: every method the registry lists for temperature > 0 (a newly registered one is tested too)

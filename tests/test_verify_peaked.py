@@ -8,7 +8,6 @@ an independent float64 computation of the target's law of the text).
 """
 from __future__ import annotations
 
-import itertools
 import zlib
 
 import pytest
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 import univer_patch  # noqa: F401  (registers traversal, greedy, univer)
 from eagle.tree import build_tree
 from eagle.verify import available_verifiers, get_verifier
+from test_verify_exact import law_error
 from test_verify_stats import chi_square_pvalue, sample_counts
 from eagle.rules import children_law, draw_children
 
@@ -127,19 +127,7 @@ def text_law_error(method: str, choices, laws: PeakedLaws) -> float:
                 if w > 0:
                     key = paths[i][1:] + (y,)
                     L[key] = L.get(key, 0.0) + prob * w
-    err = 0.0
-    for seq in itertools.product(range(laws.V), repeat=depth + 1):
-        target_p, gen = 1.0, 0.0
-        for k in range(depth + 1):
-            prefix = seq[: k + 1]
-            if prefix in L:
-                cont = 1.0
-                for j in range(k + 1, depth + 1):
-                    cont *= float(laws.f64((0,) + seq[:j], "target")[seq[j]])
-                gen += L[prefix] * cont
-            target_p *= float(laws.f64((0,) + seq[:k], "target")[seq[k]])
-        err = max(err, abs(gen - target_p))
-    return err
+    return law_error(L, lambda path: laws.f64(path, "target"), laws.V, depth)
 
 
 SHAPES = {"chain2": [[0], [0, 0]], "fork2": [[0], [1]], "unbalanced": [[0], [1], [0, 0]]}
