@@ -4,17 +4,17 @@
                                      [--temperatures 0] [--draft-vocab off|on|both] [--rounds 3]
 
 Every configuration (tree x method x temperature x draft vocabulary x fast CPU linears) and plain
-decoding (same fast-CPU setting) run
-``--new-tokens`` tokens on one fixed context (~``--context-tokens`` tokens: a prompt and the
-target's own answer from the self-distillation corpus, else an Alpaca prompt and its reference
-answer), interleaved round-robin (``--rounds`` rounds, the order rotated every round). Per cycle,
-from ``stats["timing"]`` of :meth:`EaModel.eagenerate`: drafting, target forward, target-law
-processing, verification, cache update and the rest; the prompt's prefill (timed in every round by
-a one-token plain run) is subtracted from the target forward. Numbers are medians over rounds,
-in decode steps (one decode step = the median per-token time of plain decoding in the same run)
-and in ms; ``tau`` = tokens per cycle; ``speedup`` = tokens/s over plain decoding's in the same
-round (prefill excluded from both), median over rounds. ``--trees auto`` adds the fitted tree
-(:meth:`EaModel.resolve_tree`; its measurement is not timed) with its predicted tau.
+decoding (same fast-CPU setting) run ``--new-tokens`` tokens on one fixed context
+(~``--context-tokens`` tokens: a prompt and the target's own answer from the self-distillation
+corpus, else an Alpaca prompt and its reference answer), interleaved round-robin (``--rounds``
+rounds, the order rotated every round). Per cycle, from ``stats["timing"]`` of
+:meth:`EaModel.eagenerate`: drafting, target forward, target-law processing, verification, cache
+update and the rest; each call's prefill (``stats["prefill_s"]``: prompt forward + first token;
+else a one-token plain run of the same round) is subtracted from its target forward. Numbers are
+medians over rounds, in decode steps (one decode step = the median per-token time of plain
+decoding in the same run) and in ms; ``tau`` = tokens per cycle; ``speedup`` = tokens/s over plain
+decoding's in the same round (prefill excluded from both), median over rounds. ``--trees auto``
+adds the fitted tree (its measurement is not timed) with its predicted tau.
 
 Table (markdown) on stdout and in ``<out>.md``; every number in ``<out>.json`` (default
 ``runs/bench_cycle/<UTC time>.json``). A speed goal belongs here, never in a timed unit test; the
@@ -81,7 +81,15 @@ def fixed_context(model, tokens: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (1, tokens), generator=g)
 
 
+def _prefill(stats: dict, fallback: float) -> float:
+    """The call's own prefill seconds (``stats["prefill_s"]``: prompt forward + first token) when the
+    engine reports it, else ``fallback`` (a one-token plain run of the same round)."""
+    p = stats.get("prefill_s")
+    return float(p) if p is not None else fallback
+
+
 def _per_cycle(stats: dict, prefill: float) -> dict:
+    prefill = _prefill(stats, prefill)
     cycles = max(int(stats["decoding_steps"]), 1)
     tim = dict(stats["timing"])
     tim["target_forward"] = max(tim.get("target_forward", 0.0) - prefill, 0.0)
@@ -169,9 +177,10 @@ def run(args) -> dict:
                                             return_stats=True)
                 if not warm:
                     steps = max(st["new_tokens"] - 1, 1)
+                    own = _prefill(st, prefill)
                     naive[(fast, temp)].append({
-                        "decode_step": (st["timing"]["target_forward"] - prefill) / steps,
-                        "tokens_per_s": st["new_tokens"] / max(st["wall_time"] - prefill, 1e-9)})
+                        "decode_step": (st["timing"]["target_forward"] - own) / steps,
+                        "tokens_per_s": st["new_tokens"] / max(st["wall_time"] - own, 1e-9)})
     load1 = os.getloadavg()
     from eagle.tree import build_tree
 
