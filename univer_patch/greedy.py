@@ -15,7 +15,7 @@ import torch
 
 from eagle.rules import remaining_mass, scaled_residual
 from eagle.sampling import sample_with_uniform
-from eagle.verify.checks import TreeStructure
+from eagle.tree.structure import TreeStructure
 from eagle.verify.registry import Verifier, register_verifier
 
 __all__ = ["greedy_kernel", "greedy_law", "single_step_plan", "VERIFIER"]

@@ -17,7 +17,7 @@ import torch
 
 from eagle.rules import SCALE_CAP_F32, scaled_residual
 from eagle.sampling import sample_with_uniform
-from eagle.verify.checks import TreeStructure
+from eagle.tree.structure import TreeStructure
 from eagle.verify.registry import Verifier, register_verifier
 
 __all__ = ["traversal_kernel", "traversal_law", "VERIFIER"]

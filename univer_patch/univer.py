@@ -38,7 +38,7 @@ import torch
 
 from eagle.rules import BLOCK_ELEMENTS, remaining_masses, scaled_residual
 from eagle.sampling import sample_with_uniform
-from eagle.verify.checks import TreeStructure, tree_structure
+from eagle.tree.structure import TreeStructure, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
 
 __all__ = ["Allocation", "allocate", "positive_part_sums", "decide", "univer_kernel", "allocation_row", "univer_law",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import TreeStructure
+from ..tree.structure import TreeStructure
 from .registry import Verifier, register_verifier
 
 __all__ = ["argmax_kernel", "argmax_law", "VERIFIER"]

@@ -1,4 +1,4 @@
-"""Input validation shared by every verifier, and the cached tree structure they walk.
+"""Input validation shared by every verifier (the tree structure itself lives in :mod:`eagle.tree.structure`).
 
 Every verifier takes the common tree form (see :mod:`eagle.verify.registry`); the registry's one
 door (:func:`prepare_step`) calls :func:`check_tree_inputs` once; a bad input raises ``ValueError``
@@ -6,12 +6,12 @@ naming the node, never a silent wrong answer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from ..rules import DRAFTING_RULES
+from ..tree.structure import TreeStructure, structure_of, tree_structure
 
 __all__ = ["TreeStructure", "tree_structure", "structure_of", "check_tree_inputs", "prepare_step", "sum_tolerance",
            "compute_dtype", "SUM_TOL", "RENORMALISE_ABOVE"]
@@ -40,88 +40,11 @@ def compute_dtype(target_dtype: torch.dtype, draft_dtype: torch.dtype) -> torch.
     return torch.promote_types(*up)
 
 
-@dataclass(frozen=True)
-class TreeStructure:
-    """Topology of one tree, derived from ``parents`` once and cached.
-
-    Attributes:
-        num_nodes: N.
-        parents: tuple of N ints (-1 for the root).
-        children: tuple of N tuples of child node indices in rank (= index) order.
-        depth: tuple of N ints.
-        postorder: tuple of node indices in post-order (children in rank order, then the node).
-        postorder_t: LongTensor ``[N]`` of the same.
-        inner_levels: per depth with inner nodes: ``(nodes [k], child_nodes [k, mmax] padded -1,
-            m [k])`` LongTensors; ``nodes`` are the nodes of that depth that have children.
-        is_chain: every node has at most one child.
-    """
-
-    num_nodes: int
-    parents: tuple
-    children: tuple
-    depth: tuple
-    postorder: tuple
-    postorder_t: torch.Tensor
-    inner_levels: tuple
-    is_chain: bool
-
-
 @lru_cache(maxsize=256)
 def _inner_nodes(parents: tuple) -> torch.Tensor:
     """LongTensor of the nodes with children, increasing (host)."""
     st = tree_structure(parents)
     return torch.tensor([v for v in range(st.num_nodes) if st.children[v]], dtype=torch.long, device="cpu")
-
-
-@lru_cache(maxsize=256)
-def tree_structure(parents: tuple) -> TreeStructure:
-    """Build (and cache) the :class:`TreeStructure` of a parents tuple.
-
-    Raises:
-        ValueError: if the tree is empty, ``parents[0] != -1`` or ``parents[i]`` is not in ``[0, i)``.
-    """
-    n = len(parents)
-    if n == 0:
-        raise ValueError("empty tree: need at least the root (node 0)")
-    if parents[0] != -1:
-        raise ValueError(f"node 0 (the root) must have parent -1, got {parents[0]}")
-    children: list[list[int]] = [[] for _ in range(n)]
-    depth = [0] * n
-    for i in range(1, n):
-        p = parents[i]
-        if not 0 <= p < i:
-            raise ValueError(f"node {i}: parent {p} must satisfy 0 <= parent < {i}")
-        children[p].append(i)
-        depth[i] = depth[p] + 1
-    post: list[int] = []
-    stack = [(0, False)]
-    while stack:
-        v, done = stack.pop()
-        if done:
-            post.append(v)
-            continue
-        stack.append((v, True))
-        for c in reversed(children[v]):
-            stack.append((c, False))
-    levels = []
-    for d in range(max(depth) + 1):
-        nodes = [v for v in range(n) if depth[v] == d and children[v]]
-        if not nodes:
-            continue
-        mmax = max(len(children[v]) for v in nodes)
-        pad = [list(children[v]) + [-1] * (mmax - len(children[v])) for v in nodes]
-        levels.append((torch.tensor(nodes, dtype=torch.long, device="cpu"), torch.tensor(pad, dtype=torch.long, device="cpu"),
-                       torch.tensor([len(children[v]) for v in nodes], dtype=torch.long, device="cpu")))
-    return TreeStructure(
-        num_nodes=n, parents=tuple(parents), children=tuple(tuple(c) for c in children), depth=tuple(depth),
-        postorder=tuple(post), postorder_t=torch.tensor(post, dtype=torch.long, device="cpu"), inner_levels=tuple(levels),
-        is_chain=all(len(c) <= 1 for c in children),
-    )
-
-
-def structure_of(parents: torch.Tensor) -> TreeStructure:
-    """:func:`tree_structure` of a LongTensor ``[N]`` (one host sync)."""
-    return tree_structure(tuple(int(p) for p in parents.tolist()))
 
 
 def _rows(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:

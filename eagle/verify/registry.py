@@ -31,7 +31,8 @@ from typing import Callable
 import torch
 
 from ..rules import DRAFTING_RULES
-from .checks import TreeStructure, compute_dtype, prepare_step
+from ..tree.structure import TreeStructure
+from .checks import compute_dtype, prepare_step
 
 __all__ = ["Verifier", "DRAFTING_RULES", "ENTRY_POINT_GROUP", "register_verifier", "unregister_verifier",
            "get_verifier", "available_verifiers", "select_verifier", "load_plugin"]
@@ -96,7 +97,7 @@ class Verifier:
                 rows summing to 1 only within the tolerance by their sums. ``False`` is for laws
                 the caller built itself (the engine's softmax rows): no checks, but float16 /
                 bfloat16 laws are still upcast to float32 and renormalised.
-            structure: the tree's :class:`~eagle.verify.checks.TreeStructure` if the caller has it
+            structure: the tree's :class:`~eagle.tree.structure.TreeStructure` if the caller has it
                 (``tree_structure(tuple(parents))``): with ``validate=False`` no host copy of
                 ``parents`` is made.
 

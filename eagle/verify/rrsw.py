@@ -14,7 +14,7 @@ import torch
 
 from ..rules import remaining_mass, scaled_residual
 from ..sampling import sample_with_uniform
-from .checks import TreeStructure
+from ..tree.structure import TreeStructure
 from .registry import Verifier, register_verifier
 
 __all__ = ["rrsw_kernel", "rrsw_law", "VERIFIER"]
@@ -25,7 +25,7 @@ def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Ten
     """One RRSw decision as a pure function of the uniforms.
 
     Args:
-        st: the tree's :class:`~eagle.verify.checks.TreeStructure`.
+        st: the tree's :class:`~eagle.tree.structure.TreeStructure`.
         tokens: LongTensor ``[N]``; target_probs / draft_probs: float ``[N, V]`` (validated).
         uniforms: float ``[N, 2]`` in [0, 1) (see the module docstring).
 
