@@ -47,8 +47,14 @@ def test_uniforms_drawn_on_the_laws_device_with_the_callers_generator(method, mo
     # laws on another device: the uniforms follow the laws (meta has no values, so the kernel fails after)
     calls.clear()
     with pytest.raises(Exception):
-        ver.verify(parents, tokens, target.to("meta"), draft.to("meta"), g, validate=False)
+        ver.verify(parents, tokens, target.to("meta"), draft.to("meta"), None, validate=False)
     assert calls and torch.device(calls[0]["device"]).type == "meta"
+    # a generator elsewhere than the laws is refused at the door, naming it (a CUDA generator with host laws)
+    calls.clear()
+    elsewhere = type("FakeCudaGenerator", (), {"device": torch.device("cuda", 0)})()
+    with pytest.raises(ValueError, match="generator is on cuda"):
+        ver.verify(parents, tokens, target, draft, elsewhere)
+    assert not calls
 
 
 @pytest.mark.parametrize("method", available_verifiers())

@@ -105,8 +105,13 @@ class Verifier:
             ``(node_index, next_token)`` ints: the last accepted node and the token after it.
 
         Raises:
-            ValueError: on invalid inputs (the message names the node), with ``validate``.
+            ValueError: on invalid inputs (the message names the node), with ``validate``; a
+                generator on another device than the laws (always).
         """
+        if generator is not None and torch.device(generator.device) != target_probs.device:
+            raise ValueError(f"generator is on {generator.device} but the laws are on {target_probs.device}: the "
+                             f"uniforms are drawn on the laws' device, so make the generator there "
+                             f"(torch.Generator(device={str(target_probs.device)!r}))")
         st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs,
                                                              self.drafting, validate, structure=structure)
         uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64, device=target_probs.device)
