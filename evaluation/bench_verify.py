@@ -55,10 +55,18 @@ def make_instance(tree, V: int, rule: str, device: str, seed: int):
     return tb.parents.to(device), tokens.to(device), target.to(device), draft.to(device)
 
 
-def _once(fn, sync) -> float:
+def _once(fn, device: str) -> float:
+    """Milliseconds of one call: CUDA events on a GPU (recorded around the call, read after the end
+    event completes; a verify call ends in a host sync anyway), ``perf_counter`` on the CPU."""
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
     t0 = time.perf_counter()
     fn()
-    sync()
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -83,7 +91,6 @@ def bench(quick: bool = False, devices=None, trees=None, vocabs=None):
     rows = []
     jobs = [(d, t, V) for d in devices for t in trees for V in (vocabs or VOCABS)]
     for device, tname, V in tqdm(jobs, desc="bench_verify"):
-        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         row = {"device": device, "tree": tname, "V": V}
         instances = {}  # one instance per drafting rule, shared by the methods of that rule
         for name in methods:
@@ -106,8 +113,8 @@ def bench(quick: bool = False, devices=None, trees=None, vocabs=None):
             st = {m: [] for m in methods}
             for _ in range(reps):
                 for name in methods:
-                    kt[name].append(_once(calls[name][0], sync))
-                    st[name].append(_once(calls[name][1], sync))
+                    kt[name].append(_once(calls[name][0], device))
+                    st[name].append(_once(calls[name][1], device))
             for name in methods:
                 ks[name].append(statistics.median(kt[name]))
                 ss[name].append(statistics.median(st[name]))
