@@ -19,13 +19,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-__all__ = ["UsageError", "BASELINE", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
+__all__ = ["UsageError", "BASELINE", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
            "load_checked_model"]
 
 BASELINE = "naive"
+#: display order of the paper's methods (other registered verifiers follow, sorted by name)
+PAPER_METHODS = ("rrsw", "traversal", "greedy", "univer")
 #: plugin modules the harness always imports (UniVer, Traversal, Greedy)
 DEFAULT_PLUGINS = ("univer_patch",)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -106,8 +108,7 @@ def method_names(temperature: float) -> list[str]:
         names = list(available_verifiers(temperature=temperature))
     except TypeError:  # a registry without the temperature filter
         names = list(available_verifiers())
-    paper = ["rrsw", "traversal", "greedy", "univer"]
-    return [m for m in paper if m in names] + sorted(m for m in names if m not in paper)
+    return [m for m in PAPER_METHODS if m in names] + sorted(m for m in names if m not in PAPER_METHODS)
 
 
 def check_methods(methods: Optional[Sequence[str]], temperature: float) -> list[str]:

@@ -50,14 +50,13 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-from evaluation.arguments import load_model, resolve_device  # noqa: F401  (re-exported)
+from evaluation.arguments import BASELINE, load_model, resolve_device  # noqa: F401  (re-exported)
 from evaluation.questions import build_messages, build_prompt_ids
 
 __all__ = ["BASELINE", "call_seed", "answer_file_name", "resolve_device",
            "load_model", "read_answered_ids", "generate_turns", "file_sha256", "git_commit", "resolve_head",
            "provenance", "generate_answers", "run", "main"]
 
-BASELINE = "naive"
 
 
 def call_seed(seed: int, question_id: int, turn: int) -> int:

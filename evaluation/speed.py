@@ -52,6 +52,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from evaluation.arguments import BASELINE, PAPER_METHODS
 from evaluation.questions import CATEGORY_GROUPS, category_group
 
 __all__ = ["STD_DDOF", "BASELINE", "REFERENCE", "TIMING_PARTS", "DEFINITIONS", "load_answers",
@@ -59,7 +60,6 @@ __all__ = ["STD_DDOF", "BASELINE", "REFERENCE", "TIMING_PARTS", "DEFINITIONS", "
            "combine_seeds", "collect_runs", "timing_breakdown", "summarize", "run_line", "speed_sentence", "main"]
 
 STD_DDOF = 1
-BASELINE = "naive"
 REFERENCE = "rrsw"
 TIMING_PARTS = ("draft", "target_forward", "target_laws", "verify", "cache_update", "other")
 DEFINITIONS = {
@@ -343,8 +343,10 @@ def timing_breakdown(records: Sequence[dict]) -> Optional[dict]:
 
 
 def _sort_key(key: tuple):
+    """Baseline first, then by temperature and tree, methods in the paper's order, others by name."""
     method, temp, tree = key
-    return (method != BASELINE, temp, "" if tree is None else str(tree), method)
+    rank = PAPER_METHODS.index(method) if method in PAPER_METHODS else len(PAPER_METHODS)
+    return (method != BASELINE, temp, "" if tree is None else str(tree), rank, method)
 
 
 def summarize(runs: dict[tuple, dict[int, list[dict]]], baseline: str = BASELINE, reference: str = REFERENCE,

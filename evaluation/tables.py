@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
+from evaluation.arguments import PAPER_METHODS
+
 __all__ = ["METHOD_LABELS", "GROUP_LABELS", "PART_LABELS", "method_label", "order_methods", "table1",
            "render_table1", "render_timing", "table3", "render_table3", "main"]
 
@@ -33,7 +35,6 @@ GROUP_LABELS = {"mt_bench": "MT-bench", "translation": "Translation", "summariza
                 "qa": "QA", "math_reasoning": "Math", "rag": "RAG"}
 PART_LABELS = {"draft": "Drafting", "target_forward": "Target forward", "target_laws": "Target laws",
                "verify": "Verification", "cache_update": "Cache update", "other": "Other"}
-_PAPER_ORDER = ("rrsw", "traversal", "greedy", "univer")
 
 
 def method_label(m: str) -> str:
@@ -43,7 +44,7 @@ def method_label(m: str) -> str:
 def order_methods(methods) -> list[str]:
     """The paper's four in its order, then any other method sorted by name."""
     ms = list(dict.fromkeys(methods))
-    return [m for m in _PAPER_ORDER if m in ms] + sorted(m for m in ms if m not in _PAPER_ORDER)
+    return [m for m in PAPER_METHODS if m in ms] + sorted(m for m in ms if m not in PAPER_METHODS)
 
 
 def _find(speed: dict, method: str, temperature: float, tree: Optional[str]) -> Optional[dict]:
