@@ -288,7 +288,7 @@ def time_target_forwards(model, context: torch.Tensor, tokens=TARGET_TOKENS, rou
 @torch.no_grad()
 def measure_costs(model, context: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                   verifier: str = "rrsw", tokens=TARGET_TOKENS, trees=COST_TREES, new_tokens: int = 16,
-                  rounds: int = 2) -> tuple[CycleCost, dict]:
+                  rounds: int = 3) -> tuple[CycleCost, dict]:
     """The cycle cost model of ``model`` on this machine (seconds).
 
     Target forwards are timed directly (:func:`time_target_forwards`); drafting and the rest of a
