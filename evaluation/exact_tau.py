@@ -14,7 +14,15 @@ each method is scored by its EXACT expected tokens per cycle on the SAME context
    ``E[tokens per cycle | tree] = sum_i P(path ends at node i) * (depth_i + 1)`` (:func:`expected_tokens`).
 
 Per category group: the mean over the group's contexts (and draws); Avg = mean of the groups (as
-Table 1). Errors: stratified bootstrap over questions (all contexts of a question move together),
+Table 1).
+
+**Weighting.** This view weights every context (a token position of the reference) equally, while
+the sampled tau of a run weights every CYCLE equally, and a cycle that yields k tokens skips the
+k - 1 positions inside it: positions in easy stretches count more here than in a run. So the two
+need not be equal (here the shared-context values came out higher, more so for methods whose tau
+varies more between positions); at a method's OWN cycle starts they agree (tested). Use this view to
+compare methods on identical contexts, the Rao-Blackwellised tau of a run to compare with its
+sampled tau. Errors: stratified bootstrap over questions (all contexts of a question move together),
 the same resample for every method, so the Delta column vs RRSw has paired errors. Nothing here is
 truncated at EOS or ``max_new_tokens``: it is the tau of an unlimited cycle.
 
@@ -243,6 +251,8 @@ def render_exact(ex: dict, note: Optional[str] = None) -> str:
                   f"{ex.get('draws', 1)} tree draw(s) per drafting rule, shared by the methods of that rule; "
               + ("± = bootstrap SE over questions, paired across methods for Δ." if any_se else
                  "no errors shown: a group has fewer than 2 questions.")
+              + " Every context (token position) weighs the same, while a run's sampled τ weighs every cycle the "
+                "same: compare methods within this table, not its values with Table 1's."
               + (f" Took {ex['seconds']:.0f} s." if ex.get("seconds") else "")]
     return "\n".join(lines) + "\n"
 
