@@ -5,33 +5,7 @@ import pytest
 
 from evaluation import gen_answer as G
 from evaluation import speed
-
-
-class _CharTok:
-    """Tokenizer stand-in for the tiny model (vocab 32): one id per character, chat roles as markers.
-
-    Records every message list it renders so a test can look at turn 2's prompt.
-    """
-
-    def __init__(self):
-        self.rendered = []
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
-        self.rendered.append([dict(m) for m in messages])
-        return "".join(f"|{m['role'][0]}|{m['content']}" for m in messages) + ("|a|" if add_generation_prompt else "")
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [1 + ord(c) % 31 for c in text[-48:]]}  # keep prompts short for speed
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(ord("a") + i % 26) for i in ids)
-
-
-QUESTIONS = [
-    {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
-    {"question_id": 161, "category": "translation", "turns": ["Translate: bonjour"]},
-    {"question_id": 241, "category": "qa", "turns": ["Why is the sky blue?"]},
-]
+from harness_helpers import QUESTIONS, _CharTok, specbench_speed
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +76,7 @@ def test_run_naive_and_method_then_metrics(tiny, tmp_path):
     assert res["runs"][0]["summary"]["avg"]["tau"]["mean"] == pytest.approx(1.0)
     assert res["runs"][1]["summary"]["overall"]["speedup"]["mean"] > 0
     assert res["runs"][1]["timing"]["share"]["draft"] > 0
-    # Spec-Bench's own computation (tests/test_speed.specbench_speed) reads these files for every task
-    from tests.test_speed import specbench_speed
-
+    # Spec-Bench's own computation (harness_helpers.specbench_speed) reads these files for every task
     for task in ("mt_bench", "translation", "qa", "overall"):
         *_, mean_acc = specbench_speed(files[1], files[0], lambda t: [0] * (len(t) + 1), task)
         assert mean_acc >= 1.0

@@ -144,7 +144,7 @@ def test_plugin_verifier_runs_through_answers_tables_and_plots(tmp_path, plugin)
     from evaluation import gen_answer as G
     from evaluation import plots, speed, tables
     from eagle.testing import tiny_ea_model
-    from tests.test_gen_answer import QUESTIONS, _CharTok
+    from harness_helpers import QUESTIONS, _CharTok
 
     cfg = _check(["--plugin", plugin, "--methods", "rrsw", "rrsw_copy", "--question-file", str(_questions(tmp_path)),
                   "--out", str(tmp_path / "o")])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from evaluation import speed
+from harness_helpers import specbench_speed
 
 
 def _rec(qid, cat, method, seed, new_tokens, wall, accepts, tree="2x5", expected=None, timing=None):
@@ -144,31 +145,6 @@ def test_cli_writes_json_and_prints_the_same_tau(answers, tmp_path, capsys):
     assert [r["method"] for r in data["runs"]] == ["naive", "univer"]
     printed = capsys.readouterr().out
     assert "Avg tau 2.38" in printed and "all steps pooled" in printed
-
-
-def specbench_speed(jsonl_file, jsonl_file_base, tokenize, task):
-    """The computation of Spec-Bench's evaluation/speed.py (``speed()``), restated: filter by task, extend
-    ``accept_lengths`` per record, mean tokens/s, baseline tokens by re-tokenising each turn (length - 1)."""
-    mt = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
-
-    def _read(path):
-        out = []
-        for line in open(path, encoding="utf-8"):
-            o = json.loads(line)
-            if task == "overall" or (task == "mt_bench" and o["category"] in mt) or o["category"] == task:
-                out.append(o)
-        return out
-
-    speeds, accept = [], []
-    for d in _read(jsonl_file):
-        speeds.append(sum(d["choices"][0]["new_tokens"]) / sum(d["choices"][0]["wall_time"]))
-        accept.extend(d["choices"][0]["accept_lengths"])
-    speeds0 = []
-    for d in _read(jsonl_file_base):
-        tokens = sum(len(tokenize(t)) - 1 for t in d["choices"][0]["turns"])
-        speeds0.append(tokens / sum(d["choices"][0]["wall_time"]))
-    return np.array(speeds).mean(), np.array(speeds0).mean(), np.array(speeds).mean() / np.array(speeds0).mean(), \
-        np.mean(accept)
 
 
 def test_specbench_speed_reads_our_two_turn_files(answers):
