@@ -138,7 +138,7 @@ def score_contexts(model, contexts: Sequence[dict], methods: Sequence[str], *, t
     rules = list(dict.fromkeys(v.drafting for v in vs.values()))
     out = []
     for ci, ctx in enumerate(contexts):
-        ids = torch.tensor([ctx["input_ids"]], dtype=torch.long)
+        ids = torch.tensor([ctx["input_ids"]], dtype=torch.long, device=model.device)  # [1, L]
         sums = {m: 0.0 for m in methods}
         for ri, rule in enumerate(rules):
             for d in range(draws):

@@ -114,3 +114,14 @@ def test_context_positions():
     assert X.context_positions([5], 2) == [(0, 1), (0, 4)]
     assert X.context_positions([3, 2], 10) == [(0, 1), (0, 2), (1, 1)]
     assert X.context_positions([1], 3) == [] and X.context_positions([9], 0) == []
+
+
+def test_exact_tau_on_meta_default_device(tiny):
+    """Every tensor of the exact-tau path is created on the model's device (as on CUDA)."""
+    ctxs = [{"question_id": 1, "group": "qa", "turn": 0, "position": 2, "input_ids": PROMPT + [5, 6]}]
+    torch.set_default_device("meta")
+    try:
+        scored = X.score_contexts(tiny, ctxs, ["rrsw", "univer"], tree="2x2", temperature=1.0, draws=1, seed=0)
+    finally:
+        torch.set_default_device(None)
+    assert all(1.0 <= v <= 3.0 + 1e-6 for v in scored[0]["values"].values())
