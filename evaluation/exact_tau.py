@@ -173,11 +173,11 @@ def paired_bootstrap(per_question: dict[str, dict[int, tuple[str, float, float]]
         ``{method: {group|"avg": {"mean", "se", "ci95"}, "delta_pct": {"mean", "se"} | None}}``; SE None when
         a group has fewer than 2 questions (unknown).
     """
-    from evaluation.speed import _order
+    from evaluation.speed import order_groups
 
     rng = np.random.default_rng(seed)
     first = next(iter(per_question.values()))
-    groups = _order({v[0] for v in first.values()})
+    groups = order_groups({v[0] for v in first.values()})
     idx = {g: sorted(q for q, v in first.items() if v[0] == g) for g in groups}
     draws = {g: rng.integers(0, len(idx[g]), size=(n_boot, len(idx[g]))) for g in groups}
     known = all(len(idx[g]) >= 2 for g in groups)
@@ -212,7 +212,7 @@ def paired_bootstrap(per_question: dict[str, dict[int, tuple[str, float, float]]
 def summarize_exact(scored: Sequence[dict], methods: Sequence[str], *, n_boot: int = 1000, seed: int = 0,
                     reference: str = "rrsw", meta: Optional[dict] = None) -> dict:
     """Table-1-layout JSON of :func:`score_contexts`' output (see the module docstring)."""
-    from evaluation.speed import _order
+    from evaluation.speed import order_groups
 
     per_q: dict[str, dict[int, list]] = {m: {} for m in methods}
     for rec in scored:
@@ -222,7 +222,7 @@ def summarize_exact(scored: Sequence[dict], methods: Sequence[str], *, n_boot: i
             e[2] += 1
     boots = paired_bootstrap({m: {q: tuple(v) for q, v in d.items()} for m, d in per_q.items()}, n_boot, seed,
                              reference)
-    groups = _order({rec["group"] for rec in scored})
+    groups = order_groups({rec["group"] for rec in scored})
     rows = [{"method": m, "tau": {g: boots[m][g] for g in groups}, "avg_tau": boots[m]["avg"],
              "delta_pct": boots[m]["delta_pct"]} for m in methods]
     n_q = {g: len({r["question_id"] for r in scored if r["group"] == g}) for g in groups}

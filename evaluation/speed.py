@@ -56,7 +56,7 @@ from evaluation.arguments import BASELINE, PAPER_METHODS
 from evaluation.questions import CATEGORY_GROUPS, category_group
 
 __all__ = ["STD_DDOF", "BASELINE", "REFERENCE", "TIMING_PARTS", "DEFINITIONS", "load_answers",
-           "flat_accept_lengths", "question_speed", "group_tau", "run_metrics", "bootstrap_run_set", "mean_std",
+           "flat_accept_lengths", "question_speed", "group_tau", "order_groups", "run_metrics", "bootstrap_run_set", "mean_std",
            "combine_seeds", "collect_runs", "timing_breakdown", "summarize", "run_line", "speed_sentence", "main"]
 
 STD_DDOF = 1
@@ -111,7 +111,7 @@ def group_tau(records: Sequence[dict], key: str = "accept_lengths") -> float:
     return float(sum(vals)) / len(vals) if vals else float("nan")
 
 
-def _order(groups: Iterable[str]) -> list[str]:
+def order_groups(groups: Iterable[str]) -> list[str]:
     g = set(groups)
     return [x for x in CATEGORY_GROUPS if x in g] + sorted(x for x in g if x not in CATEGORY_GROUPS)
 
@@ -140,7 +140,7 @@ def run_metrics(records: Sequence[dict]) -> dict[str, dict]:
     by_group: dict[str, list[dict]] = {}
     for r in records:
         by_group.setdefault(category_group(r["category"]), []).append(r)
-    out = {g: _set_stats(by_group[g]) for g in _order(by_group)}
+    out = {g: _set_stats(by_group[g]) for g in order_groups(by_group)}
     cats = list(out)
     allq = _set_stats(records)
 
@@ -189,7 +189,7 @@ def bootstrap_run_set(runs: dict[str, Sequence[dict]], n_boot: int = 1000, seed:
     arrays = {m: _question_arrays(recs) for m, recs in runs.items()}
     common = set.intersection(*[set(a) for a in arrays.values()]) if arrays else set()
     first = next(iter(arrays.values()), {})
-    groups = _order({first[q]["group"] for q in common})
+    groups = order_groups({first[q]["group"] for q in common})
     idx = {g: sorted(q for q in common if first[q]["group"] == g) for g in groups}
     draws = {g: rng.integers(0, len(idx[g]), size=(n_boot, len(idx[g]))) for g in groups}
     boot: dict[str, dict[str, dict[str, np.ndarray]]] = {}
@@ -353,7 +353,7 @@ def summarize(runs: dict[tuple, dict[int, list[dict]]], baseline: str = BASELINE
               n_boot: int = 1000, boot_seed: int = 0) -> dict:
     """Metrics of every run with bootstrap errors, speedups, deltas vs ``reference`` and time breakdown."""
     per_run = {key: {seed: run_metrics(recs) for seed, recs in sorted(seeds.items())} for key, seeds in runs.items()}
-    groups = _order({g for m in per_run.values() for s in m.values() for g in s
+    groups = order_groups({g for m in per_run.values() for s in m.values() for g in s
                      if g not in ("overall", "avg", "pooled")})
     keys_all = groups + ["avg", "pooled", "overall"]
     # bootstrap per (temperature, tree) and seed, paired across that configuration's methods + the baseline
