@@ -112,6 +112,7 @@ def group_tau(records: Sequence[dict], key: str = "accept_lengths") -> float:
 
 
 def order_groups(groups: Iterable[str]) -> list[str]:
+    """Category groups in the paper's column order (:data:`CATEGORY_GROUPS`), unknown ones after, sorted."""
     g = set(groups)
     return [x for x in CATEGORY_GROUPS if x in g] + sorted(x for x in g if x not in CATEGORY_GROUPS)
 

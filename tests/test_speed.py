@@ -156,3 +156,30 @@ def test_specbench_speed_reads_our_two_turn_files(answers):
         key = "pooled" if task == "overall" else task
         assert mean_acc == pytest.approx(ours[key]["tau"])
         assert tps == pytest.approx(ours["overall" if task == "overall" else task]["speed"])
+
+
+def test_two_seeds_two_methods_errors_combine(tmp_path):
+    d = tmp_path / "ans"
+    d.mkdir()
+    for seed, shift in ((0, 0.0), (1, 0.2)):
+        for method, extra in (("rrsw", 0.0), ("univer", 0.3)):
+            recs, qid = [], 1000
+            for cat, vals in {"qa": [1, 2, 3], "rag": [2, 4, 3]}.items():
+                for v in vals:
+                    recs.append(_rec(qid, cat, method, seed, [5], [1.0], [[v + shift + extra]]))
+                    qid += 1
+            _write(d / f"{method}-{seed}.jsonl", recs)
+    res = speed.summarize(speed.collect_runs([d]), n_boot=400)
+    rrsw, univer = res["runs"]
+    assert (rrsw["method"], univer["method"]) == ("rrsw", "univer")
+    ses = [univer["per_seed"][s]["avg"]["tau_se"] for s in ("0", "1")]
+    avg = univer["summary"]["avg"]["tau"]
+    assert avg["mean"] == pytest.approx((2.5 + 0.3 + 2.7 + 0.3) / 2)
+    assert avg["se"] == pytest.approx(math.sqrt(ses[0] ** 2 + ses[1] ** 2) / 2)
+    assert avg["std"] == pytest.approx(0.2 / math.sqrt(2))
+    # univer = rrsw + 0.3 on every step: paired, the delta's error is far below an unpaired one
+    delta = univer["delta_pct"]["tau"]
+    assert delta["mean"] == pytest.approx(100 * ((0.3 / 2.5 + 0.3 / 2.7) / 2))
+    r = rrsw["summary"]["avg"]["tau"]
+    unpaired = 100 * math.sqrt(2) * r["se"] / r["mean"]
+    assert delta["se"] < 0.15 * unpaired and rrsw["delta_pct"] is None
