@@ -54,7 +54,7 @@ from evaluation.arguments import BASELINE, load_model, resolve_device  # noqa: F
 from evaluation.questions import build_messages, build_prompt_ids
 
 __all__ = ["BASELINE", "call_seed", "answer_file_name", "resolve_device",
-           "load_model", "read_answered_ids", "generate_turns", "file_sha256", "git_commit", "resolve_head",
+           "load_model", "read_answered_ids", "RESUME_KEYS", "resume_conflict", "generate_turns", "file_sha256", "git_commit", "resolve_head",
            "provenance", "generate_answers", "run", "main"]
 
 
@@ -294,6 +294,36 @@ def provenance(model, model_name: str = "default", head: Optional[str] = None, p
         "fast_cpu": getattr(model, "fast_cpu", None),
         "prompt_format": None if prompt_format is None else prompt_format.describe(),
     }
+
+
+#: settings that must match for answers to be appended to an existing file (resuming)
+RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature", "tree", "seed", "method")
+
+
+def resume_conflict(path: os.PathLike | str, settings: dict) -> Optional[str]:
+    """Why answers with ``settings`` must not be appended to the existing file ``path`` (None if they may).
+
+    Compares :data:`RESUME_KEYS` and the prompt format's name with the file's first record.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return None
+    with open(p, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            diff = [k for k in RESUME_KEYS if k in settings and k in rec and rec[k] != settings[k]]
+            fmt_old = (rec.get("prompt_format") or {}).get("name")
+            fmt_new = (settings.get("prompt_format") or {}).get("name")
+            if fmt_old and fmt_new and fmt_old != fmt_new:
+                diff.append("prompt_format")
+            if diff:
+                return (f"{p} holds answers made with " + ", ".join(f"{k}={rec.get(k)!r}" for k in diff)
+                        + " (this run: " + ", ".join(f"{k}={settings.get(k)!r}" for k in diff) + ")")
+            return None
+    return None
 
 
 def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike | str, method: str, *,

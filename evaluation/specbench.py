@@ -22,8 +22,8 @@ import json
 import time
 from typing import Optional, Sequence
 
-from evaluation.arguments import (BASELINE, QUICK, Config, OneLineParser, add_common_arguments,  # noqa: F401
-                                  check_arguments, exit_on_usage_error, load_checked_model)
+from evaluation.arguments import (BASELINE, QUICK, Config, OneLineParser, UsageError,  # noqa: F401
+                                  add_common_arguments, check_arguments, exit_on_usage_error, load_checked_model)
 
 __all__ = ["run_job", "main"]
 
@@ -35,8 +35,18 @@ def run_job(cfg: Config, model, fmt) -> dict:
     from evaluation import tables as T
 
     out = cfg.out
-    out.mkdir(parents=True, exist_ok=True)
     info = G.provenance(model, cfg.model, cfg.head, fmt)
+    methods = [BASELINE] + [m for m in cfg.methods if m != BASELINE]
+    for seed in cfg.seeds:  # resuming: an existing answer file must come from the same settings
+        for m in methods:
+            tree = None if m == BASELINE else cfg.tree
+            why = G.resume_conflict(out / "answers" / G.answer_file_name(m, cfg.temperature, tree, seed), {
+                "model": info["model"], "head": info["head"], "max_new_tokens": cfg.max_new_tokens,
+                "top_p": cfg.top_p, "top_k": cfg.top_k, "temperature": cfg.temperature, "tree": tree, "seed": seed,
+                "method": m, "prompt_format": info["prompt_format"]})
+            if why:
+                raise UsageError("--out", f"{why}; use another --out or delete that file")
+    out.mkdir(parents=True, exist_ok=True)
     run = {"settings": cfg.settings(), "provenance": info, "stage_seconds": {}}
     resolve = getattr(model, "resolve_tree", None)
     if cfg.tree == "auto" and callable(resolve):
@@ -45,7 +55,6 @@ def run_job(cfg: Config, model, fmt) -> dict:
     stages = run["stage_seconds"]
 
     t0 = time.perf_counter()
-    methods = [BASELINE] + [m for m in cfg.methods if m != BASELINE]
     G.run(model, cfg.questions, out / "answers", methods, cfg.seeds, temperature=cfg.temperature, top_p=cfg.top_p,
           top_k=cfg.top_k, tree=cfg.tree, max_new_tokens=cfg.max_new_tokens, model_name=cfg.model, head=cfg.head,
           progress=not cfg.no_progress, prompt_format=fmt, run_info=info)
@@ -119,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
           f"threads={cfg.threads} out={cfg.out}", flush=True)
     model, fmt = exit_on_usage_error(load_checked_model, cfg)
     print(f"== prompt format: {fmt.name} ({fmt.reason}); device {model.device}", flush=True)
-    run = run_job(cfg, model, fmt)
+    run = exit_on_usage_error(run_job, cfg, model, fmt)
     total = time.perf_counter() - start
     run["stage_seconds"]["total"] = total
     (cfg.out / "run.json").write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")

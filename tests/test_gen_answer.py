@@ -108,3 +108,14 @@ def test_helpers():
     import torch
 
     assert (dev, dt) == ("cpu", torch.float32)
+
+
+def test_resume_refuses_other_settings(tiny, tmp_path):
+    out = tmp_path / "a.jsonl"
+    G.generate_answers(tiny, QUESTIONS[1:2], out, "rrsw", temperature=1.0, tree="2x2", seed=0, max_new_tokens=4,
+                       tokenizer=_CharTok(), progress=False, warmup=False)
+    same = {"method": "rrsw", "temperature": 1.0, "tree": "2x2", "seed": 0, "max_new_tokens": 4, "top_p": 1.0}
+    assert G.resume_conflict(out, same) is None
+    assert G.resume_conflict(tmp_path / "missing.jsonl", same) is None
+    why = G.resume_conflict(out, dict(same, max_new_tokens=8))
+    assert why.startswith(str(out)) and "max_new_tokens=4" in why and "max_new_tokens=8" in why
