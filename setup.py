@@ -9,7 +9,7 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1",  # pin torch==2.13.0 yourself on CPU machines (see requirements.txt)
-        "transformers>=5.24,<6",  # the oldest version the tests ran with
+        "transformers>=5.17,<6",  # the oldest version the tests ran with (5.17 and 5.24)
         "gguf>=0.10",
         "accelerate>=1.0",
         "safetensors>=0.4",

@@ -19,7 +19,7 @@ import torch
 from .model.kv_cache import cache_length, truncate_cache
 from .model.packed_linear import packed_rows
 from .sampling import SamplingConfig, check_logits, logits_to_probs
-from .tree import TreeBuffers, additive_mask
+from .tree import TreeBuffers, TreeStructure, additive_mask, tree_structure
 from .rules import draw_children
 
 __all__ = ["DraftTree", "EagleTreeDrafter"]
@@ -42,6 +42,8 @@ class DraftTree:
         parents_list, tokens_list: the same parents and tokens on the host (lists of ints).
         nodes: LongTensor ``[n]`` (device) or None: the static tree's node of each drafted node (None
             when nothing was pruned, i.e. node i is static node i).
+        structure: the tree's :class:`~eagle.tree.TreeStructure` (children, levels, post-order), for
+            the verifiers (saves them a host copy of ``parents``).
     """
 
     parents: torch.Tensor
@@ -52,6 +54,7 @@ class DraftTree:
     parents_list: list
     tokens_list: list
     nodes: torch.Tensor | None = None
+    structure: TreeStructure | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -207,7 +210,8 @@ class EagleTreeDrafter:
             alive[i] = tok[i] >= 0 and alive[par[i]]
         if all(alive):
             return DraftTree(parents=plan.parents, tokens=tokens, depth=plan.depth, draft_probs=draft_probs,
-                             ancestor=plan.ancestor, parents_list=list(par), tokens_list=tok, nodes=None)
+                             ancestor=plan.ancestor, parents_list=list(par), tokens_list=tok, nodes=None,
+                             structure=plan.structure)
         keep = [i for i in range(n) if alive[i]]
         remap = {v: i for i, v in enumerate(keep)}
         parents_list = [-1] + [remap[par[v]] for v in keep[1:]]
@@ -215,4 +219,5 @@ class EagleTreeDrafter:
         return DraftTree(parents=torch.tensor(parents_list, dtype=torch.long, device=device), tokens=tokens[keep_t],
                          depth=plan.depth[keep_t], draft_probs=draft_probs[keep_t],
                          ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
-                         tokens_list=[tok[v] for v in keep], nodes=keep_t)
+                         tokens_list=[tok[v] for v in keep], nodes=keep_t,
+                         structure=tree_structure(tuple(parents_list)))

@@ -412,17 +412,20 @@ class EaModel(nn.Module):
         done = root in stops or len(out) >= max_new_tokens
         # Host synchronisations per cycle (CUDA): (1) the drafted tokens + draft-logit finiteness flag,
         # one transfer (EagleTreeDrafter.draft); (2) the target-logit finiteness check; (3) the verifier's
-        # (node, token) result, plus whatever its kernel needs (eagle.verify); the transfers after (3)
-        # (next input ids, the accepted path when the tree was pruned) find an idle stream.
+        # (node, token) result, plus whatever its kernel needs (eagle.verify; the tree structure is passed
+        # in, so no copy of parents); the transfers after (3) (next input ids, the accepted path when the
+        # tree was pruned) find an idle stream.
         while not done:
             draft, prefix, tfeats, tlogits, target_probs = self._score_tree(
                 cache, head_cache, root, pending_tokens, pending_feats, tree, v.drafting, cfg, gen, timer)
             if expected_tau and return_stats:
                 timer.pause()
-                law = v.outcome_probs(draft.parents, draft.tokens, target_probs, draft.draft_probs, validate=False)
+                law = v.outcome_probs(draft.parents, draft.tokens, target_probs, draft.draft_probs, validate=False,
+                                      structure=draft.structure)
                 expected.append(float(((draft.depth + 1).to(law.dtype) * law.sum(-1)).sum()))
                 timer.resume()
-            node, y = v.verify(draft.parents, draft.tokens, target_probs, draft.draft_probs, gen, validate=False)
+            node, y = v.verify(draft.parents, draft.tokens, target_probs, draft.draft_probs, gen, validate=False,
+                               structure=draft.structure)
             node, y = int(node), int(y)
             path = draft.path_index(node, plan)
             par, tok = draft.parents_list, draft.tokens_list

@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 
 from .choices import resolve_tree
-from .structure import tree_structure
+from .structure import TreeStructure, tree_structure
 
 __all__ = ["TreeBuffers", "TreePlan", "build_tree", "subtree_parents", "additive_mask", "path_to_root"]
 
@@ -125,6 +125,7 @@ class TreePlan:
         parents_list, depth_list: the same on the host (lists of ints).
         levels: tuple of :class:`LevelPlan`, depth 0..max_depth-1 (levels that have children).
         path_index: tuple of N LongTensors on the device: root-to-node node indices.
+        structure: the tree's :class:`~eagle.tree.structure.TreeStructure`.
     """
 
     device: torch.device
@@ -135,6 +136,7 @@ class TreePlan:
     depth_list: tuple
     levels: tuple
     path_index: tuple
+    structure: TreeStructure
 
 
 def _validate(choices: list[list[int]]) -> list[tuple[int, ...]]:
@@ -234,6 +236,7 @@ def _plan(key: tuple, device: str) -> TreePlan:
         parents_list=parents_list, depth_list=tuple(int(x) for x in t.depth), levels=tuple(levels),
         path_index=tuple(torch.tensor(path_to_root(parents_list, i), dtype=torch.long, device=dev)
                          for i in range(t.num_nodes)),
+        structure=tree_structure(parents_list),
     )
 
 
