@@ -139,6 +139,8 @@ def plot_speedup(speed: dict, out_path, temperature: Optional[float] = None, tre
         ax.bar(i, r["speedup"]["mean"], color=method_color(r["method"]), yerr=None if se is None else se,
                capsize=3, label=method_label(r["method"]))
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain decoding")
+    ax.annotate("plain decoding", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                textcoords="offset points", ha="right", va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([method_label(r["method"]) for r in rows])
     ax.set_ylabel("speedup (tokens/s ÷ plain decoding)")
