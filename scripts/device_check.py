@@ -7,7 +7,7 @@ Every model is built in place on the device with random weights (the Vicuna-7B-s
 created directly on the GPU: no CPU initialisation, no download). Checks, each recorded as ok / failed
 with its numbers:
 
-1. ``verifier_laws``: every registered verifier's exact outcome law computed on the device, float32 and
+1. ``verifier_laws``: every registered verifier's (``argmax`` included) exact outcome law on the device, float32 and
    float16 laws, against the same law computed on the CPU in float64 (the CPU law is the one the test
    suite proves exact by enumeration); then sampled ``verify`` outcomes on the device (uniforms drawn
    with a device generator) against that law (Pearson chi-square, p > 1e-4).
@@ -150,7 +150,7 @@ def build_7b(device, shapes: dict, dtype):
 # ---------------------------------------------------------------------- checks
 def check_verifier_laws(device, dry: bool):
     out = {}
-    methods = sampling_methods()
+    methods = list(available_verifiers())  # the temperature-0 "argmax" verifier included
     n_samples = 300 if dry else 2000
     for name in methods:
         v = get_verifier(name)

@@ -92,3 +92,42 @@ def test_progress_hook_counts_every_token():
     seen.clear()
     m.naivegenerate(IDS, max_new_tokens=5, progress=seen.append)
     assert seen == [1] * 5
+
+
+def test_part_timer_cuda_event_bookkeeping(monkeypatch):
+    """The CUDA path of the timer (events read once at the end), run with stand-in events on the CPU."""
+
+    from eagle.model.ea_model import PartTimer
+
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3  # milliseconds, as torch.cuda.Event
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    timer = PartTimer("cpu")
+    timer.cuda = True
+    timer.start()
+    for part, dt in [("target_forward", 2.0), ("target_laws", 0.5)]:
+        clock[0] += dt
+        timer.lap(part)
+    timer.since_start()
+    clock[0] += 1.0
+    timer.lap("draft")
+    timer.pause()
+    clock[0] += 4.0  # excluded (expected tau)
+    timer.resume()
+    clock[0] += 0.25
+    timer.lap("verify")
+    out = timer.result(wall=9.0)
+    assert out["target_forward"] == 2.0 and out["target_laws"] == 0.5 and out["draft"] == 1.0
+    assert out["verify"] == 0.25 and timer.excluded == 4.0 and timer.split == 2.5
+    assert out["other"] == 9.0 - 4.0 - 3.75
