@@ -94,3 +94,14 @@ def test_head_keeps_float32_rotary_buffers(tmp_path):
     loaded = EagleHead.from_pretrained(tmp_path, embedding=m.base_model.get_input_embeddings(), dtype=torch.float16)
     assert loaded.fc.weight.dtype == torch.float16
     assert loaded.rotary_emb.inv_freq.dtype == torch.float32 and torch.equal(loaded.rotary_emb.inv_freq, inv)
+
+
+@pytest.mark.parametrize("verifier", ["rrsw", "univer"])
+def test_draft_vocabulary_on_meta_default(verifier):
+    m = tiny_ea_model(vocab_size=32, seed=1, aligned=True)
+    m.ea_layer.set_draft_vocab(torch.arange(0, 32, 2))
+    with default_device_meta():
+        for temperature in (0.0, 1.0):
+            out = m.eagenerate(IDS, temperature=temperature, max_new_tokens=10, tree_choices="mc_sim_7b_63",
+                               verifier=verifier, seed=0)
+            assert out.device.type == "cpu"
