@@ -260,8 +260,10 @@ def render_exact(ex: dict, note: Optional[str] = None) -> str:
 def run_exact_tau(model, reference: Sequence[dict], questions: Sequence[dict], methods: Sequence[str], *,
                   prompt_ids: Callable[[list], list], tree, temperature: float, top_p: float = 1.0, top_k: int = 0,
                   contexts_per_question: int = 4, draws: int = 1, seed: int = 0, n_boot: int = 1000,
-                  reference_method: str = "rrsw", context_source: str = "", progress: bool = True) -> dict:
-    """Contexts -> scores -> summary (JSON-ready, with timing and settings)."""
+                  reference_method: str = "rrsw", context_source: str = "", progress: bool = True,
+                  tree_label: Optional[str] = None) -> dict:
+    """Contexts -> scores -> summary (JSON-ready, with timing and settings). ``tree_label`` names a tree
+    given as a choices list (e.g. ``"auto"`` after :meth:`EaModel.resolve_tree`)."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -270,7 +272,8 @@ def run_exact_tau(model, reference: Sequence[dict], questions: Sequence[dict], m
         scored = score_contexts(model, ctxs, methods, tree=tree, temperature=temperature, top_p=top_p, top_k=top_k,
                                 draws=draws, seed=seed, on_context=bar.update)
     meta = {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k),
-            "tree": tree if isinstance(tree, str) else json.dumps(tree), "seed": int(seed),
+            "tree": tree_label or (tree if isinstance(tree, str) else json.dumps(tree)), "seed": int(seed),
+            "tree_choices": None if isinstance(tree, str) else tree,
             "contexts_per_question": int(contexts_per_question), "draws": int(draws),
             "context_source": context_source or "reference answers",
             "drafting": {m: verifier_for(m, temperature).drafting for m in methods}}
@@ -327,7 +330,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             reference.append({"question_id": q["question_id"], "category": q["category"], "choices": [c]})
         source = "plain-decoding answers generated for this run"
     methods = [m for m in cfg.methods if m != "naive"]
-    ex = run_exact_tau(model, reference, cfg.questions, methods, prompt_ids=prompt_ids, tree=cfg.tree,
+    tree = model.resolve_tree(cfg.tree, cfg.temperature, cfg.top_p, cfg.top_k) if cfg.tree == "auto" else cfg.tree
+    ex = run_exact_tau(model, reference, cfg.questions, methods, prompt_ids=prompt_ids, tree=tree, tree_label=cfg.tree,
                        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                        contexts_per_question=cfg.contexts_per_question, draws=cfg.draws, seed=cfg.seeds[0],
                        n_boot=cfg.bootstrap, context_source=source, progress=not cfg.no_progress)

@@ -331,7 +331,8 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
                      seed: int = 0, max_new_tokens: int = 128, model_name: str = "default",
                      head: Optional[str] = None, tokenizer=None, warmup: bool = True, progress: bool = True,
                      prompt_builder: Optional[Callable] = None, prompt_format=None,
-                     expected_tau: bool = True, run_info: Optional[dict] = None) -> int:
+                     expected_tau: bool = True, run_info: Optional[dict] = None,
+                     tree_choices: Optional[list] = None) -> int:
     """Append answers of ``method`` for the questions not yet in ``answer_file``.
 
     Args:
@@ -351,6 +352,9 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
         prompt_format: :class:`evaluation.templates.PromptFormat` (recorded in the file).
         expected_tau: ask the engine for the exact expected tokens per cycle (when it supports it).
         run_info: extra provenance (computed once by the caller; default :func:`provenance`).
+        tree_choices: the resolved rank paths when ``tree`` is a label the engine resolves itself
+            (``"auto"``): the engine gets the list (no fitting inside the timed calls), the records keep
+            the label in ``tree`` and the list in ``tree_choices``.
 
     Returns:
         Number of questions written by this call.
@@ -369,7 +373,8 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
     if not todo:
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    gen_kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, tree=tree_used,
+    engine_tree = tree_choices if (tree_used is not None and tree_choices is not None) else tree_used
+    gen_kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, tree=engine_tree,
                   prompt_builder=prompt_builder, expected_tau=expected_tau)
     if warmup:
         warm_q = {"question_id": 0, "turns": todo[0]["turns"][:1]}  # untimed, not written
@@ -394,6 +399,8 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
                     "top_p": float(top_p), "top_k": int(top_k), "tree": tree_used,
                     "max_new_tokens": int(max_new_tokens),
                 }
+                if tree_used is not None and tree_choices is not None:
+                    rec["tree_choices"] = tree_choices
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 f.flush()
                 written += 1
@@ -406,7 +413,7 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
         seeds: Iterable[int], *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
         tree: str = "2x5", max_new_tokens: int = 128, model_name: str = "default", head: Optional[str] = None,
         tokenizer=None, progress: bool = True, prompt_builder: Optional[Callable] = None, prompt_format=None,
-        run_info: Optional[dict] = None) -> list[Path]:
+        run_info: Optional[dict] = None, tree_choices: Optional[list] = None) -> list[Path]:
     """Every (method, seed) pair with one loaded model; returns the answer files (see
     :func:`answer_file_name`), which live in ``out_dir``. Provenance is computed once."""
     if run_info is None:
@@ -418,7 +425,7 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
             generate_answers(model, questions, p, method, temperature=temperature, top_p=top_p, top_k=top_k,
                              tree=tree, seed=seed, max_new_tokens=max_new_tokens, model_name=model_name,
                              head=head, tokenizer=tokenizer, progress=progress, prompt_builder=prompt_builder,
-                             prompt_format=prompt_format, run_info=run_info)
+                             prompt_format=prompt_format, run_info=run_info, tree_choices=tree_choices)
             files.append(p)
     return files
 

@@ -119,3 +119,13 @@ def test_resume_refuses_other_settings(tiny, tmp_path):
     assert G.resume_conflict(tmp_path / "missing.jsonl", same) is None
     why = G.resume_conflict(out, dict(same, max_new_tokens=8))
     assert why.startswith(str(out)) and "max_new_tokens=4" in why and "max_new_tokens=8" in why
+
+
+def test_resolved_tree_choices_go_to_the_engine_label_to_the_files(tiny, tmp_path):
+    choices = [[0], [1], [0, 0]]
+    files = G.run(tiny, QUESTIONS[1:2], tmp_path, ["rrsw"], [0], temperature=1.0, tree="auto", max_new_tokens=6,
+                  tokenizer=_CharTok(), progress=False, tree_choices=choices)
+    assert files[0].name == "rrsw-temp1-auto-seed0.jsonl"
+    rec = _lines(files[0])[0]
+    assert rec["tree"] == "auto" and rec["tree_choices"] == choices
+    assert max(rec["choices"][0]["accept_lengths"]) <= 3      # depth 2 tree: at most 2 drafted + 1
