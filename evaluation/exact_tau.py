@@ -311,7 +311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = _parser()
     args = ap.parse_args(argv)
     cfg = exit_on_usage_error(check_arguments, args, prog="exact_tau")
-    model, fmt = exit_on_usage_error(load_checked_model, cfg, prog="exact_tau")
+    model, fmt = exit_on_usage_error(load_checked_model, cfg, prog="exact_tau")  # fmt: PromptFormat
     tok = model.tokenizer
     prompt_ids = lambda msgs: fmt.ids(tok, msgs)  # noqa: E731
     if args.answers:
@@ -326,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         for q in cfg.questions:
             c = generate_turns(model, tok, q, "naive", temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                max_new_tokens=cfg.max_new_tokens, tree=None, seed=cfg.seeds[0],
-                               prompt_builder=prompt_ids)
+                               prompt_builder=fmt.ids)
             reference.append({"question_id": q["question_id"], "category": q["category"], "choices": [c]})
         source = "plain-decoding answers generated for this run"
     methods = [m for m in cfg.methods if m != "naive"]

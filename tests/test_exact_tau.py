@@ -125,3 +125,36 @@ def test_exact_tau_on_meta_default_device(tiny):
     finally:
         torch.set_default_device(None)
     assert all(1.0 <= v <= 3.0 + 1e-6 for v in scored[0]["values"].values())
+
+
+def test_cli_generates_its_reference_and_writes_tables(tiny, tmp_path, monkeypatch, capsys):
+    import json
+
+    from evaluation import arguments
+
+    class Fmt:
+        name = "test"
+
+        @staticmethod
+        def ids(tok, messages):
+            return [3 + len(m["content"]) % 20 for m in messages] + [1, 2]
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    tiny.tokenizer = Tok()
+    monkeypatch.setattr(arguments, "load_checked_model", lambda cfg: (tiny, Fmt()))
+    qs = [{"question_id": 81 + i, "category": c, "turns": ["a b", "c"] if c == "writing" else ["d e f"]}
+          for i, c in enumerate(["writing", "writing", "qa", "qa"])]
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    try:
+        ex = X.main(["--question-file", str(qf), "--tree", "2x2", "--methods", "rrsw", "univer", "--max-new-tokens",
+                     "8", "--contexts-per-question", "2", "--seeds", "1", "--out", str(tmp_path / "o"),
+                     "--no-progress", "--bootstrap", "50"])
+    finally:
+        tiny.tokenizer = None
+    assert ex["n_contexts"] == 8 and [r["method"] for r in ex["rows"]] == ["rrsw", "univer"]
+    assert (tmp_path / "o" / "exact_tau.md").read_text().startswith("Exact expected τ")
+    assert "| UniVer |" in capsys.readouterr().out
