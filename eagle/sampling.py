@@ -85,7 +85,8 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig, *, check: bool = 
         check_logits(logits)
     logits = logits.float()
     if cfg.greedy:
-        return torch.nn.functional.one_hot(greedy_token(logits), logits.shape[-1]).float()
+        # zeros + scatter: same values as one_hot(...).float() without its int64 [..., V] intermediate
+        return torch.zeros_like(logits).scatter_(-1, greedy_token(logits).unsqueeze(-1), 1.0)
     # shift by the row max first, and keep the maxima at exactly 0: any temperature > 0, however
     # small (even one that rounds to 0 in float32), gives finite / -inf scores, never NaN; the law
     # is then its limit, uniform over the tokens tied at the maximum logit
