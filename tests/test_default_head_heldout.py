@@ -23,7 +23,7 @@ def test_shipped_head_heldout_top1_at_least_recorded():
     rec = json.loads(RECORD.read_text())["records_8"]
     torch.set_num_threads(1)
     model, tok = load_base("default")
-    seqs = heldout_sequences(model, CORPUS, max_records=8, pad_id=_pad_id(tok))
+    seqs = heldout_sequences(model, CORPUS, max_records=8, pad_id=_pad_id(tok), temperature=rec["temperature"])
     res = evaluate_heads([DEFAULT_HEAD], seqs, model, depths=2)[DEFAULT_HEAD]
     assert res["n_by_depth"][0] == rec["n_by_depth"][0]  # the same fixed sample
     for d in range(2):

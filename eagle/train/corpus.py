@@ -22,8 +22,8 @@ does. Hidden states are recomputed from these ids when training needs them.
 
 The prompt pool (:func:`eagle.train.prompt_sources.build_pool`, deduplicated against Spec-Bench) is
 shuffled with ``--seed`` and cut into shards of ``--shard-size`` prompts; shard ``k`` samples at
-temperature 1 when ``k % 4 == 3`` and is greedy otherwise; every 40th shard (``k % 40 == 39``) is
-held out (``"split": "heldout"``) for measuring heads. A shard is written to a temporary name and
+temperature 1 when ``k % 4 == 3`` and is greedy otherwise; shards ``k % 40 == 39`` (sampled) and
+``k % 80 == 38`` (greedy) are held out (``"split": "heldout"``, 3.75% of the plan) for measuring heads. A shard is written to a temporary name and
 renamed, so a killed worker leaves only complete shards and a rerun skips them (resumable);
 ``--worker I/N`` builds only shards ``k % N == I``, so several one-thread processes (or several
 working sessions) fill one run together. Output is deterministic for given arguments.
@@ -46,6 +46,11 @@ __all__ = ["DEFAULT_ROOT", "iter_records", "answer_token_count", "write_shard", 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "distill"
 HELDOUT_EVERY = 40
 SAMPLE_EVERY = 4
+
+
+def is_heldout(k: int) -> bool:
+    """Shard ``k`` is held out: ``k % 40 == 39`` (a sampled shard) or ``k % 80 == 38`` (a greedy one)."""
+    return k % HELDOUT_EVERY == HELDOUT_EVERY - 1 or k % (2 * HELDOUT_EVERY) == HELDOUT_EVERY - 2
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -93,7 +98,7 @@ def plan(pool: list[dict], shard_size: int) -> list[dict]:
     shards = []
     for k, i in enumerate(range(0, len(pool), shard_size)):
         shards.append({"index": k, "temperature": 1.0 if k % SAMPLE_EVERY == SAMPLE_EVERY - 1 else 0.0,
-                       "split": "heldout" if k % HELDOUT_EVERY == HELDOUT_EVERY - 1 else "train",
+                       "split": "heldout" if is_heldout(k) else "train",
                        "records": pool[i:i + shard_size]})
     return shards
 

@@ -3,8 +3,8 @@
 ``python -m eagle.train.heldout --heads data/heads/smollm2-135m-eagle[,OTHER] [--corpus data/distill]
 [--depths 5] [--max-records 96] [--json out.json]``
 
-The held-out records of the self-distillation corpus (``"split": "heldout"``, every 40th shard, never
-trained on) are encoded by the target (:mod:`eagle.train.features`), and each head is unrolled on its
+The held-out records of the self-distillation corpus (``"split": "heldout"``, 3.75% of the shards,
+greedy and sampled, never trained on) are encoded by the target (:mod:`eagle.train.features`), and each head is unrolled on its
 own features (:func:`eagle.train.train.evaluate` with ``depths``): at depth ``d`` the head has drafted
 ``d - 1`` tokens of the target's own continuation and predicts the next one. ``top1[d]`` is the
 probability that its argmax is the target's argmax there (the greedy per-level acceptance along the
@@ -23,18 +23,24 @@ import torch
 __all__ = ["heldout_sequences", "evaluate_heads", "main"]
 
 
-def heldout_sequences(model, corpus, max_records: int, max_len: int = 768, pad_id: int = 0) -> list[dict]:
-    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden)."""
+def heldout_sequences(model, corpus, max_records: int, max_len: int = 768, pad_id: int = 0,
+                      temperature: float | None = None) -> list[dict]:
+    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden).
+
+    ``temperature`` keeps only records generated at that temperature (0.0 greedy, 1.0 sampled).
+    """
     from .corpus import iter_records
     from .features import build_feature_shard
 
     recs = []
     for r in iter_records(corpus, split="heldout"):
+        if temperature is not None and float(r["temperature"]) != float(temperature):
+            continue
         recs.append(r)
         if len(recs) >= max_records:
             break
     if not recs:
-        raise ValueError(f"{corpus}: no held-out records (shards k % 40 == 39; build them with "
+        raise ValueError(f"{corpus}: no held-out records at temperature {temperature} (build them with "
                          f"`python -m eagle.train.corpus build --split heldout`)")
     t = build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id)
     off = t["offsets"].tolist()
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--base", default="default")
     ap.add_argument("--depths", type=int, default=5)
     ap.add_argument("--max-records", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="only held-out records generated at this temperature (0 greedy, 1 sampled; default all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="", help="also write the results here")
     args = ap.parse_args(argv)
@@ -80,9 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, tok = load_base(args.base)
-    seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok))
+    seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok), temperature=args.temperature)
     res = evaluate_heads(heads, seqs, model, args.depths)
-    summary = {"corpus": str(args.corpus), "records": args.max_records, "sequences": len(seqs),
+    summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature, "sequences": len(seqs),
                "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)), "depths": args.depths,
                "seconds": round(time.time() - t0, 1),
                "heads": {h: {"top1_by_depth": [round(x, 4) for x in r["acc_by_depth"]],
