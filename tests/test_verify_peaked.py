@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import univer_patch  # noqa: F401  (registers traversal, greedy, univer)
@@ -138,6 +138,7 @@ GAPS = [0.5, 5.0, 30.0, 88.0, 95.0, 100.0, 103.0, 120.0, 1e4]  # 88-103: denorma
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=st.sampled_from(sorted(SHAPES)), gt=st.sampled_from(GAPS), gd=st.sampled_from(GAPS),
        close=st.sampled_from([0.0, 0.5, 0.95, 1.0]), seed=st.integers(0, 2**16))
+@example(shape="chain2", gt=88.0, gd=120.0, close=0.5, seed=171)  # traversal: alpha = S / ((S + 1) - 1) > 1
 def test_peaked_laws_lossless_by_enumeration(method, shape, gt, gd, close, seed):
     laws = PeakedLaws(4, gt, gd, close, seed)
     err = text_law_error(method, SHAPES[shape], laws)

@@ -45,7 +45,8 @@ def outcome_probs(parents: torch.Tensor, tokens: torch.Tensor, target_probs: tor
         else:
             r = (p[i] * target_probs[i] - draft_probs[i]).clamp(min=0)
             S = float(r.sum())
-            h = 1.0 if i == 0 else (S / (S + 1.0 - p[i]) if S + 1.0 - p[i] > 0 else 0.0)
+            den = S + (1.0 - p[i])  # not (S + 1.0) - p[i]: that rounds S away when S << 1
+            h = 1.0 if i == 0 else (min(1.0, S / den) if den > 0 else 0.0)
             row = r / S if S > 0 else torch.zeros_like(r)
         out[i] = mass * h * row
         mass *= 1.0 - h

@@ -93,7 +93,8 @@ class _State:
         self.Q[v][t] = 0.0
         self.Qm[v] = float(self.Q[v].sum())  # summed directly: subtracting q(t) cancels for a confident draft
         if self.broken != "no_alpha_update":
-            self.alpha[v] = S / (S + 1.0 - al) if S + 1.0 - al > 0 else 0.0
+            den = S + (1.0 - al)  # not (S + 1.0) - al: that rounds S away when S << 1 and al == 1
+            self.alpha[v] = min(1.0, S / den) if den > 0 else 0.0
         self.remaining[v].remove(u)
         self.refresh_below(v)
 
