@@ -193,11 +193,11 @@ def test_unrolled_loss_depth1_matches_eagle_loss_and_decreases_when_training():
     first = None
     for _ in range(30):
         loss, st = T.unrolled_loss(head, W, ids, hid, mask, steps=3, w_tv=0.5)
-        first = first if first is not None else float(loss)
+        first = first if first is not None else float(loss.detach())
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert float(loss) < 0.7 * first
+    assert float(loss.detach()) < 0.7 * first
     assert st["n_by_depth"] == [B * 6] * 3  # t = 3..8 (x_{t+1} is a response token), all have a root
     mask[:, 1:] = True
     _, st = T.unrolled_loss(head, W, ids, hid, mask, steps=3)
