@@ -4,8 +4,8 @@
                                      [--temperatures 0] [--draft-vocab off|on|both] [--rounds 3]
 
 Every configuration (tree x method x temperature x draft vocabulary x fast CPU linears) and plain
-decoding (same fast-CPU setting) run ``--new-tokens`` tokens on one fixed context
-(~``--context-tokens`` tokens: a prompt and the target's own answer from the self-distillation
+decoding (same fast-CPU setting) run ``--new-tokens`` tokens on each of ``--contexts`` fixed contexts
+(``--context-tokens`` tokens each: a prompt and the target's own answer from the self-distillation
 corpus, else an Alpaca prompt and its reference answer), interleaved round-robin (``--rounds``
 rounds, the order rotated every round). Per cycle, from ``stats["timing"]`` of
 :meth:`EaModel.eagenerate`: drafting, target forward, target-law processing, verification, cache
@@ -51,23 +51,26 @@ def load_model(name: str, head: str | None, threads: int):
     return EaModel.from_pretrained(name, head)
 
 
-def fixed_context(model, tokens: int, seed: int = 0) -> torch.Tensor:
-    """A context of about ``tokens`` tokens (LongTensor ``[1, L]``): corpus prompt + answer, else an
-    Alpaca prompt with its reference answer in the chat template, else seeded random ids."""
+def fixed_contexts(model, tokens: int, n: int = 1, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` contexts of ``tokens`` tokens (LongTensors ``[1, L]``): corpus prompt + answer (held-out
+    split first, one per record), else Alpaca prompts with their reference answers in the chat
+    template, else seeded random ids."""
     vocab = model.lm_head.weight.shape[0]
+    out: list[torch.Tensor] = []
     try:
         from eagle.train.corpus import DEFAULT_ROOT, iter_records
 
         if os.path.isdir(DEFAULT_ROOT):
-            for rec in iter_records(DEFAULT_ROOT):
-                for t in rec.get("turns") or [rec]:
-                    ids = list(t.get("prompt_ids", [])) + list(t.get("answer_ids", []))
-                    if len(ids) >= tokens and max(ids) < vocab:
-                        return torch.tensor([ids[:tokens]])
+            for split in ("heldout", "train"):
+                for rec in iter_records(DEFAULT_ROOT, split=split):
+                    for t in (rec.get("turns") or [rec])[:1]:
+                        ids = list(t.get("prompt_ids", [])) + list(t.get("answer_ids", []))
+                        if len(ids) >= tokens and max(ids) < vocab and len(out) < n:
+                            out.append(torch.tensor([ids[:tokens]]))
     except ImportError:
         pass
     tok = getattr(model, "tokenizer", None)
-    if tok is not None:
+    if len(out) < n and tok is not None:
         from eagle.train.data import DEFAULT_PROMPTS, load_alpaca
 
         if os.path.exists(DEFAULT_PROMPTS):
@@ -75,10 +78,12 @@ def fixed_context(model, tokens: int, seed: int = 0) -> torch.Tensor:
                 msgs = [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["output"]}]
                 ids = tok.apply_chat_template(msgs, return_tensors="pt")
                 ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-                if ids.shape[1] >= tokens:
-                    return ids[:, :tokens]
+                if ids.shape[1] >= tokens and len(out) < n:
+                    out.append(ids[:, :tokens])
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (1, tokens), generator=g)
+    while len(out) < n:
+        out.append(torch.randint(0, vocab, (1, tokens), generator=g))
+    return out
 
 
 def _prefill(stats: dict, fallback: float) -> float:
@@ -88,15 +93,24 @@ def _prefill(stats: dict, fallback: float) -> float:
     return float(p) if p is not None else fallback
 
 
-def _per_cycle(stats: dict, prefill: float) -> dict:
-    prefill = _prefill(stats, prefill)
-    cycles = max(int(stats["decoding_steps"]), 1)
-    tim = dict(stats["timing"])
-    tim["target_forward"] = max(tim.get("target_forward", 0.0) - prefill, 0.0)
-    out = {p: tim.get(p, 0.0) / cycles for p in PARTS}
+def _per_cycle(stats_list: list, prefill: float) -> dict:
+    """Per-cycle part seconds, tau and tokens/s of one configuration over every context of a round
+    (times, cycles and tokens summed over the contexts, each call's prefill removed)."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    cycles = tokens = wall = 0.0
+    for stats in stats_list:
+        own = _prefill(stats, prefill)
+        for p in PARTS:
+            parts[p] += stats["timing"].get(p, 0.0)
+        parts["target_forward"] -= own
+        cycles += max(int(stats["decoding_steps"]), 1)
+        tokens += stats["new_tokens"]
+        wall += max(stats["wall_time"] - own, 1e-9)
+    parts["target_forward"] = max(parts["target_forward"], 0.0)
+    out = {p: parts[p] / cycles for p in PARTS}
     out["cycle"] = sum(out[p] for p in PARTS)
-    out["tau"] = stats["new_tokens"] / cycles
-    out["tokens_per_s"] = stats["new_tokens"] / max(stats["wall_time"] - prefill, 1e-9)
+    out["tau"] = tokens / cycles
+    out["tokens_per_s"] = tokens / wall
     return out
 
 
@@ -116,13 +130,13 @@ def run(args) -> dict:
         from eagle.train.draft_vocab import count_tokens, top_k_vocab
 
         # no map beside the head: a K-token stand-in (the context's tokens first, then by id), timing only
-        ctx_ids = fixed_context(model, args.context_tokens)[0].tolist()
+        ctx_ids = fixed_contexts(model, args.context_tokens)[0][0].tolist()
         counts = count_tokens([ctx_ids], model.lm_head.weight.shape[0]) + 1
         d2t_file = top_k_vocab(counts, args.draft_vocab_k)
     if args.draft_vocab != "off" and d2t_file is None:
         raise SystemExit(f"--draft-vocab {args.draft_vocab}: the head has no draft_vocab.safetensors and "
                          "--draft-vocab-k is 0")
-    ctx = fixed_context(model, args.context_tokens)
+    contexts = fixed_contexts(model, args.context_tokens, args.contexts)
     dv_variants = {"off": [False], "on": [True], "both": [False, True]}[args.draft_vocab]
     fast_variants = {"off": [False], "on": [True], "both": [False, True]}[args.fast_cpu]
 
@@ -156,7 +170,7 @@ def run(args) -> dict:
         warm = args.warmup and r == 0
         for fast in (fast_variants if r % 2 == 0 else fast_variants[::-1]):
             setup(fast, False)
-            _, st = model.naivegenerate(ctx, temperature=0.0, max_new_tokens=1, return_stats=True)
+            _, st = model.naivegenerate(contexts[0], temperature=0.0, max_new_tokens=1, return_stats=True)
             prefill = st["timing"]["target_forward"]
             if not warm:
                 prefills[fast].append(prefill)
@@ -167,20 +181,21 @@ def run(args) -> dict:
                 setup(fast, c["draft_vocab"])
                 key = (fast, c["temperature"], c["draft_vocab"])
                 tree = auto_info[key] if c["tree"] == "auto" else c["tree"]
-                _, st = model.eagenerate(ctx, temperature=c["temperature"], max_new_tokens=args.new_tokens,
-                                         tree_choices=tree, verifier=c["method"], seed=r, return_stats=True)
+                runs = [model.eagenerate(ctx, temperature=c["temperature"], max_new_tokens=args.new_tokens,
+                                         tree_choices=tree, verifier=c["method"], seed=r, return_stats=True)[1]
+                        for ctx in contexts]
                 if not warm:
-                    results[i].append(_per_cycle(st, prefill))
+                    results[i].append(_per_cycle(runs, prefill))
             setup(fast, False)
             for temp in args.temperatures:
-                _, st = model.naivegenerate(ctx, temperature=temp, max_new_tokens=args.new_tokens, seed=r,
-                                            return_stats=True)
+                runs = [model.naivegenerate(ctx, temperature=temp, max_new_tokens=args.new_tokens, seed=r,
+                                            return_stats=True)[1] for ctx in contexts]
                 if not warm:
-                    steps = max(st["new_tokens"] - 1, 1)
-                    own = _prefill(st, prefill)
-                    naive[(fast, temp)].append({
-                        "decode_step": (st["timing"]["target_forward"] - own) / steps,
-                        "tokens_per_s": st["new_tokens"] / max(st["wall_time"] - own, 1e-9)})
+                    steps = sum(max(st["new_tokens"] - 1, 1) for st in runs)
+                    fwd = sum(st["timing"]["target_forward"] - _prefill(st, prefill) for st in runs)
+                    wall = sum(max(st["wall_time"] - _prefill(st, prefill), 1e-9) for st in runs)
+                    naive[(fast, temp)].append({"decode_step": fwd / steps,
+                                                "tokens_per_s": sum(st["new_tokens"] for st in runs) / wall})
     load1 = os.getloadavg()
     from eagle.tree import build_tree
 
@@ -212,7 +227,8 @@ def run(args) -> dict:
             naive_rows[f"fast_cpu={True} T={t:g}"]["speedup_over_eager"] = statistics.median(ratios)
     return {"rows": rows, "naive": naive_rows,
             "prefill_s": {str(f): statistics.median(v) for f, v in prefills.items() if v},
-            "context_tokens": int(ctx.shape[1]), "new_tokens": args.new_tokens, "rounds": args.rounds,
+            "context_tokens": int(contexts[0].shape[1]), "contexts": len(contexts), "new_tokens": args.new_tokens,
+            "rounds": args.rounds,
             "threads": args.threads, "model": args.model, "head": args.head,
             "draft_vocab_k": None if d2t_file is None else int(d2t_file.numel()),
             "loadavg_before": load0, "loadavg_after": load1, "machine": platform.platform(),
@@ -263,7 +279,7 @@ def table(res: dict) -> str:
              for k, v in res["naive"].items()]
     lines.append("")
     lines.append("Parts and cycle in decode steps (medians over rounds). " + "; ".join(notes) +
-                 f". Context {res['context_tokens']} tokens (prefill excluded: "
+                 f". {res['contexts']} context(s) of {res['context_tokens']} tokens (prefill excluded: "
                  + ", ".join(f"{1e3 * v:.0f} ms" for v in res["prefill_s"].values()) + "), "
                  f"{res['new_tokens']} new tokens, {res['rounds']} rounds, {res['threads']} thread(s), "
                  f"load average {res['loadavg_before'][0]:.2f} -> {res['loadavg_after'][0]:.2f}, {res['utc']} UTC"
@@ -292,6 +308,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed first round")
     ap.add_argument("--context-tokens", type=int, default=300)
+    ap.add_argument("--contexts", type=int, default=1,
+                    help="distinct contexts per configuration and round (times and tokens summed over them)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="output path without extension (default runs/bench_cycle/<UTC>)")
     args = ap.parse_args(argv)
@@ -301,7 +319,7 @@ def parse_args(argv=None):
         args.temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
     except ValueError:
         ap.error(f"--temperatures must be a comma list of numbers, got {args.temperatures!r}")
-    for name in ("new_tokens", "rounds", "context_tokens", "threads"):
+    for name in ("new_tokens", "rounds", "context_tokens", "contexts", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if not args.trees or not args.methods or not args.temperatures:

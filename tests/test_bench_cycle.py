@@ -23,7 +23,7 @@ def test_bench_cycle_tiny(tmp_path, monkeypatch, capsys):
     out = tmp_path / "bc"
     res = main(["--model", "tiny", "--trees", "chain2,2x2,auto", "--methods", "rrsw", "--temperatures", "0,1",
                 "--draft-vocab", "both", "--draft-vocab-k", "16", "--fast-cpu", "both", "--new-tokens", "4",
-                "--rounds", "1", "--no-warmup", "--context-tokens", "12", "--out", str(out)])
+                "--rounds", "1", "--no-warmup", "--context-tokens", "12", "--contexts", "2", "--out", str(out)])
     # named trees x T x draft vocabulary x fast CPU, plus the fitted tree for the fast model only
     assert len(res["rows"]) == 2 * 2 * 2 * 2 + 2 * 2
     for r in res["rows"]:
@@ -34,6 +34,7 @@ def test_bench_cycle_tiny(tmp_path, monkeypatch, capsys):
     assert set(res["naive"]) == {"fast_cpu=False T=0", "fast_cpu=False T=1", "fast_cpu=True T=0",
                                  "fast_cpu=True T=1"}
     assert "speedup_over_eager" in res["naive"]["fast_cpu=True T=0"]
+    assert res["contexts"] == 2
     saved = json.loads(out.with_suffix(".json").read_text())
     assert saved["rows"][0]["parts_steps"].keys() == set(PARTS)
     text = out.with_suffix(".md").read_text()
