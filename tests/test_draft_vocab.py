@@ -146,3 +146,14 @@ def test_cli_counts_the_corpus_and_writes_beside_the_head(tmp_path):
     assert info["counted_tokens"] == 8 and info["k"] == 2
     head = EagleHead.from_pretrained(tmp_path / "head", embedding=m.base_model.get_input_embeddings())
     assert head.d2t.tolist() == [5, 31]
+
+
+def test_shipped_default_head_has_a_draft_vocabulary():
+    from eagle.model.default import DEFAULT_HEAD
+
+    d2t = load_draft_vocab(DEFAULT_HEAD)
+    if d2t is None:
+        pytest.skip("the default head folder has no draft_vocab.safetensors")
+    assert d2t.dtype == torch.long and d2t.numel() == 8192
+    assert bool((d2t[1:] > d2t[:-1]).all()) and 0 <= int(d2t[0]) and int(d2t[-1]) < 49152
+    assert 2 in set(d2t.tolist())  # SmolLM2's EOS <|im_end|>

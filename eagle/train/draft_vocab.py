@@ -116,6 +116,7 @@ def save_draft_vocab(folder: str | os.PathLike, d2t: torch.Tensor, metadata: dic
     d2t = torch.as_tensor(d2t, dtype=torch.long).contiguous()
     if d2t.dim() != 1 or d2t.numel() == 0 or (d2t.numel() > 1 and bool((d2t[1:] <= d2t[:-1]).any())):
         raise ValueError("d2t must be a non-empty 1-D strictly increasing list of token ids")
+    Path(folder).mkdir(parents=True, exist_ok=True)
     path = Path(folder) / DRAFT_VOCAB_FILE
     meta = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in (metadata or {}).items()}
     save_file({"d2t": d2t}, str(path), metadata=meta)
@@ -130,6 +131,11 @@ def load_draft_vocab(folder: str | os.PathLike) -> torch.Tensor | None:
     from safetensors.torch import load_file
 
     return load_file(str(path))["d2t"]
+
+
+def _rel(path) -> str:
+    """``path`` relative to the checkout (no absolute paths in stored metadata)."""
+    return os.path.relpath(Path(path).resolve(), _ROOT)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
         before = int(counts.sum())
         count_tokens(corpus_answer_ids(root), vocab, counts)
         if int(counts.sum()) > before:
-            sources.append({"corpus": str(root), "tokens": int(counts.sum()) - before})
+            sources.append({"corpus": _rel(root), "tokens": int(counts.sum()) - before})
     from .data import DEFAULT_PROMPTS
 
     args.alpaca = args.alpaca or DEFAULT_PROMPTS
@@ -169,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
         tok = AutoTokenizer.from_pretrained(base)
         before = int(counts.sum())
         count_tokens(alpaca_answer_ids(tok, args.alpaca), vocab, counts)
-        sources.append({"alpaca_outputs": str(args.alpaca), "tokens": int(counts.sum()) - before})
+        sources.append({"alpaca_outputs": _rel(args.alpaca), "tokens": int(counts.sum()) - before})
     total = int(counts.sum())
     if total == 0:
         raise SystemExit("no tokens counted: no corpus under --data and no Alpaca file")
