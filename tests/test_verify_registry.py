@@ -235,3 +235,13 @@ def test_a_given_structure_saves_the_parents_copy(monkeypatch):
     assert got == want
     law = get_verifier("rrsw").outcome_probs(parents, tokens, target, draft, validate=False, structure=st)
     assert abs(float(law.sum()) - 1) < 1e-6
+
+
+def test_generator_type_and_meta_laws_get_clear_errors():
+    """A seed passed as the generator, and meta laws with a host generator, each get one clear ValueError."""
+    ver = get_verifier("rrsw")
+    parents, tokens, target, draft = _instance("rrsw")
+    with pytest.raises(ValueError, match="generator must be a torch.Generator or None, got int"):
+        ver.verify(parents, tokens, target, draft, 3)
+    with pytest.raises(ValueError, match="meta device"):
+        ver.verify(parents, tokens, target.to("meta"), draft.to("meta"), torch.Generator().manual_seed(0))

@@ -105,13 +105,19 @@ class Verifier:
             ``(node_index, next_token)`` ints: the last accepted node and the token after it.
 
         Raises:
-            ValueError: on invalid inputs (the message names the node), with ``validate``; a
-                generator on another device than the laws (always).
+            ValueError: on invalid inputs (the message names the node), with ``validate``; always:
+                a generator that is not a ``torch.Generator`` or is on another device than the laws.
         """
-        if generator is not None and torch.device(generator.device) != target_probs.device:
-            raise ValueError(f"generator is on {generator.device} but the laws are on {target_probs.device}: the "
+        if generator is not None and not hasattr(generator, "device"):
+            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        device = getattr(target_probs, "device", None)
+        if generator is not None and device is not None and torch.device(generator.device) != device:
+            if device.type == "meta":
+                raise ValueError("target_probs and draft_probs are on the meta device (no values): verification "
+                                 "needs real laws")
+            raise ValueError(f"generator is on {generator.device} but the laws are on {device}: the "
                              f"uniforms are drawn on the laws' device, so make the generator there "
-                             f"(torch.Generator(device={str(target_probs.device)!r}))")
+                             f"(torch.Generator(device={str(device)!r}))")
         st, tokens, target_probs, draft_probs = prepare_step(parents, tokens, target_probs, draft_probs,
                                                              self.drafting, validate, structure=structure)
         uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64, device=target_probs.device)
