@@ -12,24 +12,16 @@ from eagle.train import features as Fe
 from eagle.train import prompt_sources as P
 from eagle.train import train as T
 
-from test_train import SPECBENCH_TURNS, _tiny_tokenizer
+from test_train import SPECBENCH_TURNS, tiny_base  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(model, tokenizer, folder): a tiny random Llama with a char tokenizer and a chat template."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny(tiny_base):
+    """(model, tokenizer, folder): test_train's tiny random Llama with a char tokenizer and a chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = tmp_path_factory.mktemp("tiny_corpus_base")
-    tok = _tiny_tokenizer()
-    cfg = LlamaConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return model, tok, folder
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_base), dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(str(tiny_base)), tiny_base
 
 
 def _pool():

@@ -267,12 +267,9 @@ def main(argv: list[str] | None = None) -> dict:
         out = stats(args.root)
         print(json.dumps(out, indent=1))
         return out
-    try:
-        worker, n_workers = (int(x) for x in args.worker.split("/"))
-        if not 0 <= worker < n_workers:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--worker must be I/N with 0 <= I < N, got {args.worker!r}")
+    from .data import parse_worker
+
+    worker, n_workers = parse_worker(ap, args.worker)
     for flag, val in (("--shard-size", args.shard_size), ("--gen-batch", args.gen_batch), ("--max-new", args.max_new),
                       ("--max-prompt", args.max_prompt), ("--threads", args.threads)):
         if val < 1:

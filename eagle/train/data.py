@@ -229,7 +229,7 @@ def _hidden(model, seqs: list[list[int]], pad: int) -> list[torch.Tensor]:
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         att[i, :len(s)] = 1
-    h = model.model(input_ids=ids, attention_mask=att).last_hidden_state
+    h = model.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
     return [h[i, :len(s)] for i, s in enumerate(seqs)]
 
 
@@ -295,6 +295,17 @@ def load_shards(folder: str | os.PathLike) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------- CLI
+def parse_worker(ap: argparse.ArgumentParser, spec: str) -> tuple[int, int]:
+    """``--worker I/N`` -> ``(I, N)`` with ``0 <= I < N``; otherwise exits through ``ap.error``."""
+    try:
+        worker, n_workers = (int(x) for x in spec.split("/"))
+        if not 0 <= worker < n_workers:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--worker must be I/N with 0 <= I < N, got {spec!r}")
+    return worker, n_workers
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the run summary (also written to ``DIR/summary.json``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -328,12 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="folder of an earlier run: leave out the prompts its plan answers with the target itself "
                          "(so a second folder adds new self-distilled prompts)")
     args = ap.parse_args(argv)
-    try:
-        worker, n_workers = (int(x) for x in args.worker.split("/"))
-        if not 0 <= worker < n_workers:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--worker must be I/N with 0 <= I < N, got {args.worker!r}")
+    worker, n_workers = parse_worker(ap, args.worker)
 
     from tqdm import tqdm
 

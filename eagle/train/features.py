@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["sequences_of", "hidden_states", "build_feature_shard", "main"]
+__all__ = ["sequences_of", "build_feature_shard", "main"]
 
 
 def sequences_of(rec: dict, max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -37,24 +37,10 @@ def sequences_of(rec: dict, max_len: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-@torch.no_grad()
-def hidden_states(model, seqs: list[list[int]], pad_id: int) -> list[torch.Tensor]:
-    """Target last hidden state after the final norm, float32 ``[len(seq), H]`` per sequence.
-
-    One right-padded batch (padding never changes earlier positions under causal attention).
-    """
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        att[i, :len(s)] = 1
-    h = model.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
-    return [h[i, :len(s)].float() for i, s in enumerate(seqs)]
-
-
 def build_feature_shard(model, records: list[dict], *, max_len: int, batch_tokens: int, pad_id: int) -> dict:
     """Feature tensors (module docstring format) for the sequences of ``records``."""
+    from .data import _hidden
+
     seqs = [sm for r in records for sm in sequences_of(r, max_len)]
     hidden: list = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
@@ -64,7 +50,7 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
         while j < len(order) and (j + 1 - i) * len(seqs[order[j]][0]) <= batch_tokens:
             j += 1
         grp = order[i:j]
-        for k, h in zip(grp, hidden_states(model, [seqs[k][0] for k in grp], pad_id)):
+        for k, h in zip(grp, _hidden(model, [seqs[k][0] for k in grp], pad_id)):
             hidden[k] = h.to(torch.float16)
         i = j
     offsets = [0]
