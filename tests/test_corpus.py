@@ -79,6 +79,7 @@ def test_build_appends_resumes_and_records_are_well_formed(tiny, tmp_path):
     assert [r["uid"] for r in recs] == [r["uid"] for r in fits]
     for r in recs:
         assert r["turns"] and r["split"] in ("train", "heldout") and r["model"] == "tiny"
+        assert r["linears"] == "eager"  # generation settings record the linear kernels used
         roles = [m["role"] for m in r["messages"]]
         assert roles == ["user", "assistant"] * len(r["turns"])
         for t in r["turns"]:

@@ -105,10 +105,13 @@ def plan(pool: list[dict], shard_size: int) -> list[dict]:
 
 @torch.no_grad()
 def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_batch: int, seed: int,
-                model_name: str) -> list[dict]:
+                model_name: str, linears: str = "eager") -> list[dict]:
     """Generate the target's answers for one planned shard, turn by turn (batched, left padding).
 
-    Prompts longer than ``max_prompt`` tokens are dropped. Returns the corpus records.
+    Prompts longer than ``max_prompt`` tokens are dropped. ``linears`` ("eager" or "onednn-packed",
+    see :mod:`eagle.model.packed_linear`) is recorded with the generation settings: packed linears give
+    the same logits within float tolerance (1e-4), so only near-ties can decode differently. Returns
+    the corpus records.
     """
     from .data import _generate
 
@@ -152,7 +155,7 @@ def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_b
         if not r["turns"]:
             continue
         r.update({"temperature": temp, "top_p": 1.0, "seed": seed, "max_new_tokens": max_new, "model": model_name,
-                  "user_turns_planned": len(user)})
+                  "user_turns_planned": len(user), "linears": linears})
         out.append(r)
     return out
 
@@ -184,7 +187,7 @@ def _build_pool(args) -> tuple[list[dict], dict]:
 
 def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int = 0, n_workers: int = 1,
           max_new: int = 256, max_prompt: int = 1024, gen_batch: int = 16, seed: int = 0, model_name: str = "",
-          max_shards: int = 0, max_minutes: float = 0.0, split: str | None = None) -> dict:
+          max_shards: int = 0, max_minutes: float = 0.0, split: str | None = None, linears: str = "eager") -> dict:
     """Build the missing shards of a plan (:func:`plan`) into ``out`` (resumable, appends only).
 
     Shards already on disk are skipped; ``worker``/``n_workers`` select shards ``k % n_workers ==
@@ -211,7 +214,7 @@ def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int
             continue
         ts = time.time()
         recs = build_shard(model, tok, sh, max_new=max_new, max_prompt=max_prompt, gen_batch=gen_batch, seed=seed,
-                           model_name=model_name)
+                           model_name=model_name, linears=linears)
         write_shard(out / f"shard_{sh['index']:05d}.jsonl.gz", recs)
         n = sum(answer_token_count(r) for r in recs)
         done_tokens += n
@@ -255,6 +258,9 @@ def main(argv: list[str] | None = None) -> dict:
     b.add_argument("--max-new", type=int, default=256)
     b.add_argument("--max-prompt", type=int, default=1024)
     b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--fast-cpu", choices=("on", "off"), default="on",
+                   help="oneDNN pre-packed float32 linears (eagle.model.packed_linear): ~1.8x the tokens/s of "
+                        "eager generation here, logits within 1e-4 (default on)")
     b.add_argument("--worker", default="0/1", help="I/N: build only shards whose index is I mod N")
     b.add_argument("--max-minutes", type=float, default=0.0, help="start no new shard after this (0: no limit)")
     b.add_argument("--max-shards", type=int, default=0, help="build at most this many shards now (0: no limit)")
@@ -311,10 +317,16 @@ def main(argv: list[str] | None = None) -> dict:
     from .data import load_base
 
     model, tok = load_base(args.base)
+    linears = "eager"
+    if args.fast_cpu == "on" and next(model.parameters()).device.type == "cpu":
+        from eagle.model.packed_linear import pack_linears
+
+        if pack_linears(model):
+            linears = "onednn-packed"
     model_name = "SmolLM2-135M-Instruct" if args.base == "default" else args.base
     summary = build(shards, out, model, tok, worker=worker, n_workers=n_workers, max_new=args.max_new,
                     max_prompt=args.max_prompt, gen_batch=args.gen_batch, seed=args.seed, model_name=model_name,
-                    max_shards=args.max_shards, split=args.split, max_minutes=args.max_minutes - (time.time() - t0) / 60
+                    max_shards=args.max_shards, split=args.split, linears=linears, max_minutes=args.max_minutes - (time.time() - t0) / 60
                     if args.max_minutes else 0.0)
     summary.update(shards_done=len(list(out.glob("shard_*.jsonl.gz"))), shards_planned=len(shards))
     print(json.dumps(summary))
