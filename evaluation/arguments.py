@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-__all__ = ["UsageError", "BASELINE", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
+__all__ = ["UsageError", "BASELINE", "default_tree", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
@@ -73,6 +73,19 @@ def load_plugins(modules: Iterable[str]) -> list[str]:
             raise UsageError("--plugin", msg) from None
         loaded.append(name)
     return loaded
+
+
+def default_tree(model: str, device: str) -> str:
+    """The tree used when ``--tree`` is not given: ``"auto"`` (fitted to this machine and head,
+    :mod:`eagle.autotree`) for the embedded default model on the CPU, where only a small tree pays
+    for its forward; ``"2x5"`` (the paper's setting) for any other model or on a GPU.
+
+    ``model`` is ``--model`` as given; ``device`` is ``--device`` (``auto`` means CUDA when present).
+    """
+    import torch
+
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return "auto" if model == "default" and on_cpu else "2x5"
 
 
 def check_tree(tree: str) -> str:
@@ -415,7 +428,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--temperature", default=None, help="sampling temperature (default 1.0)")
     ap.add_argument("--top-p", default=1.0)
     ap.add_argument("--top-k", default=0)
-    ap.add_argument("--tree", default="2x5", help="mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD (default 2x5)")
+    ap.add_argument("--tree", default=None,
+                    help="auto | mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD (default: auto for the embedded "
+                         "default model on the CPU, 2x5 otherwise)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="verifiers (default: every registered verifier usable at the temperature); 'naive' is "
                          "the plain-decoding baseline and always runs in the main job")
@@ -473,7 +488,7 @@ def check_arguments(args: argparse.Namespace) -> Config:
     n_boot = check_positive_int("--bootstrap", args.bootstrap, minimum=2)
     threads = check_positive_int("--threads", args.threads, minimum=0)
     device, dtype = check_device(args.device, args.dtype)
-    tree = check_tree(args.tree)
+    tree = check_tree(args.tree if args.tree is not None else default_tree(model, device))
     plugins = load_plugins(args.plugin)
     methods = check_methods(args.methods, temperature)
     model = check_model(model)

@@ -7,7 +7,8 @@
 #   TEMPERATURE  sampling temperature (default 1.0)
 # Options (all checked before any work: a bad value fails in seconds with one line naming the flag):
 #   --head PATH            EAGLE-1 head folder or hub id (required for a non-default MODEL)
-#   --tree T               mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD   (default 2x5)
+#   --tree T               auto | mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD   (default: auto for the
+#                          embedded default model on the CPU, fitted once per machine and cached; else 2x5)
 #   --seeds "0 1 2"        seeds (default "0 1 2")
 #   --per-category N       N questions per category group (mt_bench: N in total over its 8 sub-categories);
 #                          default: all 480 questions
@@ -36,6 +37,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="python"; fi
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,36p' "$0"; exit 0; fi
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,37p' "$0"; exit 0; fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PY" -m evaluation.specbench "$@"

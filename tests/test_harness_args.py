@@ -160,3 +160,14 @@ def test_plugin_verifier_runs_through_answers_tables_and_plots(tmp_path, plugin)
     assert "| rrsw_copy |" in tables.render_table1(t)
     pngs = plots.main_job_plots(sp, tmp_path / "plots", None, 1.0, "2x2")
     assert pngs and all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_default_tree_is_auto_only_for_the_embedded_model_on_cpu(tmp_path):
+    assert A.default_tree("default", "cpu") == "auto"
+    assert A.default_tree("default", "cuda") == "2x5"
+    assert A.default_tree("lmsys/vicuna-7b-v1.3", "cpu") == "2x5"
+    q = str(_questions(tmp_path))
+    cfg = _check(["--device", "cpu", "--question-file", q, "--out", str(tmp_path / "a")])
+    assert cfg.tree == "auto" and str(cfg.out).endswith("a")
+    assert _check(["--device", "cpu", "--question-file", q, "--tree", "mc_sim_7b_63",
+                   "--out", str(tmp_path / "b")]).tree == "mc_sim_7b_63"  # an explicit tree wins
