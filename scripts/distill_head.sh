@@ -27,7 +27,7 @@ $PY -m eagle.train.features --corpus data/distill --out "$FEATURES" --threads "$
 INIT_ARGS=()
 if [ -n "$INIT" ]; then INIT_ARGS=(--init "$INIT"); fi
 $PY -m eagle.train.train --base default --data "$FEATURES/train,$FEATURES/heldout" --val-data "$FEATURES/heldout" \
-    --val-frac 1.0 --val-max-seqs 400 --out "$OUT" "${INIT_ARGS[@]}" --unroll "$UNROLL" --eval-depths 5 \
+    --val-data-exclusive --val-frac 1.0 --val-max-seqs 400 --out "$OUT" "${INIT_ARGS[@]}" --unroll "$UNROLL" --eval-depths 5 \
     --w-tv "$ACC_WEIGHT" --max-minutes "$TRAIN_MINUTES" --epochs 50 --batch-tokens 2048 --lr 3e-4 --warmup 20 \
     --min-lr-ratio 0.1 --noise 0.1 --ce-frac 0.25 --clip 0.5 --eval-minutes 10 --save-minutes 10 --eval-at-start \
     --threads "$THREADS" "$@" 2>&1 | tee "${OUT%/}.train.log"

@@ -265,6 +265,10 @@ def test_train_several_folders_val_data_and_init(tiny_base, tiny_inputs, tiny_da
     w1 = EagleHead.from_pretrained(h1, embedding=emb).fc.weight
     w2 = EagleHead.from_pretrained(h2, embedding=emb).fc.weight
     assert torch.allclose(w1.float(), w2.float(), atol=1e-3)
+    # exclusive: B's sequences beyond the drawn held-out ones are not trained on either
+    ex = T.main(common + ["--data", f"{a},{b}", "--val-data", str(b), "--val-data-exclusive", "--out",
+                          str(tmp_path / "h5"), "--max-steps", "1", "--lr", "1e-9"])
+    assert ex["val_sequences"] == log["val_sequences"] and ex["train_sequences"] == n_a
     with pytest.raises(ValueError, match="val-data"):
         T.main(common + ["--data", str(a), "--val-data", str(b), "--out", str(tmp_path / "h4"), "--max-steps", "1"])
 

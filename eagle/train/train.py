@@ -3,7 +3,8 @@
 ``python -m eagle.train.train --base BASE --data DIR[,DIR2...] --out OUT [--val-data DIR2] [--init HEAD] [...]``
 
 Several data folders train together; ``--val-data`` restricts the held-out sequences to some of
-them, and ``--init`` continues from an existing head (public EAGLE-1 layout) instead of a random
+them (``--val-data-exclusive``: and none of their sequences is trained on, even beyond
+``--val-max-seqs``), and ``--init`` continues from an existing head (public EAGLE-1 layout) instead of a random
 one. With ``--init``, hold out a folder the initial head never trained on.
 
 Alignment (one sequence of tokens ``x_0..x_{L-1}`` with target features ``f_0..f_{L-1}``, where
@@ -371,7 +372,7 @@ def train(args) -> dict:
     random.Random(args.seed + 1).shuffle(perm)
     n_val = min(max(1, int(round(len(pool) * args.val_frac))), args.val_max_seqs, len(seqs) - 1)
     val = [pool[i] for i in perm[:n_val]]
-    val_ids = {id(s) for s in val}
+    val_ids = {id(s) for s in (pool if args.val_data_exclusive else val)}
     tr = [s for s in seqs if id(s) not in val_ids]
     n_tok = sum(len(s["ids"]) for s in tr)
     n_resp = sum(int(s["mask"][1:].sum()) for s in tr)
@@ -495,6 +496,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--val-data", default="",
                     help="draw the held-out sequences only from these --data folders (default: all); with --init, "
                          "name folders the initial head never trained on, so held-out stays held out")
+    ap.add_argument("--val-data-exclusive", action="store_true",
+                    help="train on no sequence of the --val-data folders, not only on none of the drawn held-out "
+                         "ones (a held-out split larger than --val-max-seqs stays held out for later comparisons)")
     ap.add_argument("--init", default="", help="start from this head folder (public EAGLE-1 layout) instead of random")
     ap.add_argument("--out", required=True, help="head folder (config.json + model.safetensors + train_log.json)")
     ap.add_argument("--epochs", type=float, default=3.0)
