@@ -284,3 +284,36 @@ def test_data_exclude_gen_of_a_worker_folder(tiny_base, tiny_inputs, tmp_path):
     assert s["dedupe"]["excluded_gen_of_earlier_run"] == 4
     with pytest.raises(FileNotFoundError, match="no plan.json"):
         D.main(_data_args(tiny_base, tmp_path / "third", prompts, sb) + ["--exclude-gen-of", str(tmp_path / "none")])
+
+
+def test_distribution_terms_on_draft_vocab_rows_are_the_renormalised_laws():
+    """With the draft vocabulary's rows, both laws are softmaxes over those rows (target renormalised)."""
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(50, 8, generator=g)
+    p, tgt = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
+    d2t = torch.tensor([1, 4, 7, 9, 20, 33, 49])
+    ce, rej, acc, top2 = T._distribution_terms(p, tgt, W[d2t], 1.0, None, top_k=2)
+    t_full = torch.softmax(tgt @ W.T, -1)[:, d2t]
+    t_k = t_full / t_full.sum(-1, keepdim=True)
+    q_k = torch.softmax(p @ W[d2t].T, -1)
+    assert torch.allclose(ce, -(t_k * q_k.log()).sum(-1).mean(), atol=1e-5)
+    assert torch.allclose(rej, 1 - torch.minimum(t_k, q_k).sum(-1).mean(), atol=1e-6)
+    assert float(acc) == float((q_k.argmax(-1) == t_k.argmax(-1)).float().mean())
+    top = q_k.topk(2, -1).indices
+    assert float(top2) == float((top == t_k.argmax(-1)[:, None]).any(-1).float().mean())
+
+
+def test_train_with_draft_vocab_copies_it_beside_the_head(tiny_base, tiny_data, tmp_path):
+    from eagle.train.draft_vocab import load_draft_vocab, save_draft_vocab
+
+    a, _ = tiny_data
+    dv = tmp_path / "dv"
+    save_draft_vocab(dv, torch.arange(0, 80, 2))
+    out = tmp_path / "h"
+    log = T.main(["--base", str(tiny_base), "--data", str(a), "--out", str(out), "--batch-tokens", "256",
+                  "--threads", "1", "--max-steps", "2", "--draft-vocab", str(dv), "--unroll", "2"])
+    assert log["steps"] == 2
+    assert torch.equal(load_draft_vocab(out), torch.arange(0, 80, 2))
+    with pytest.raises(ValueError, match="draft-vocab"):
+        T.main(["--base", str(tiny_base), "--data", str(a), "--out", str(tmp_path / "h2"), "--max-steps", "1",
+                "--draft-vocab", str(tmp_path / "nowhere")])

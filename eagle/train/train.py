@@ -24,6 +24,9 @@ Alignment (one sequence of tokens ``x_0..x_{L-1}`` with target features ``f_0..f
   the target's soft distribution ``softmax(lm_head(f_{t+1}))`` (EAGLE-1). For CPU speed the CE
   term is estimated on a random ``--ce-frac`` (0.25) of the counted positions per batch (the
   full-vocabulary lm_head products dominate a step); evaluation uses every position.
+* ``--draft-vocab``: the CE / acceptance terms use only the draft vocabulary's K lm_head rows (both
+  laws are softmaxes over those rows: the law the drafter samples from; ~V/K times cheaper), and the
+  vocabulary file is copied beside the trained head. Held-out evaluation stays full-vocabulary.
 * held-out top-1: ``argmax lm_head(pred_t) == argmax lm_head(f_{t+1})`` over counted positions of
   the held-out sequences (teacher-forced, depth 1).
 
@@ -124,12 +127,18 @@ def collate(seqs: list[dict], idx: list[int]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Tensor, ce_frac: float,
-                        generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(soft cross-entropy, 1 - acceptance, top-1 agreement) of predicted features ``p`` [N, H] against
-    target features ``tgt`` [N, H], on a random ``ce_frac`` of the rows (drawn with ``generator``).
+                        generator: torch.Generator | None, top_k: int = 4
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(soft cross-entropy, 1 - acceptance, top-1 agreement, top-``top_k`` agreement) of predicted
+    features ``p`` [N, H] against target features ``tgt`` [N, H], on a random ``ce_frac`` of the rows
+    (drawn with ``generator``).
 
-    Acceptance is ``sum_x min(M_b(x), M_s(x))`` at temperature 1, the probability that one child drawn
-    from the draft law is accepted by rejection sampling (REFERENCE section 6, LK losses).
+    ``lm_head_w`` is ``[V', H]``: the full lm_head, or its draft-vocabulary rows (``--draft-vocab``),
+    in which case both laws are the softmax over those rows (the target's renormalised on them, which
+    is the best draft law with that support). Acceptance is ``sum_x min(M_b(x), M_s(x))`` at
+    temperature 1, the probability that one child drawn from the draft law is accepted by rejection
+    sampling (REFERENCE section 6, LK losses). The agreements reuse the same two ``[N, V']`` products
+    (they dominate a step's cost on CPU).
     """
     n = int(p.shape[0])
     if ce_frac < 1.0:  # unbiased estimate on a random subset of the positions
@@ -137,15 +146,18 @@ def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Ten
         pick = torch.randperm(n, generator=generator)[:k]
         p, tgt = p[pick], tgt[pick]
     with torch.no_grad():
-        t_logits = tgt @ lm_head_w.T                       # [N, V]
+        t_logits = tgt @ lm_head_w.T                       # [N, V']
         t_prob = torch.softmax(t_logits, -1)
         t_top = t_logits.argmax(-1)
         del t_logits
-    logp = torch.log_softmax(p @ lm_head_w.T, -1)          # [N, V]
+    logp = torch.log_softmax(p @ lm_head_w.T, -1)          # [N, V']
     ce = -(t_prob * logp).sum(-1).mean()
     rej = 1.0 - torch.minimum(t_prob, logp.exp()).sum(-1).mean()
-    acc = (logp.argmax(-1) == t_top).float().mean()
-    return ce, rej, acc
+    with torch.no_grad():
+        d_top = logp.topk(min(top_k, lm_head_w.shape[0]), -1).indices
+        acc = (d_top[:, 0] == t_top).float().mean()
+        topk = (d_top == t_top[:, None]).any(-1).float().mean()
+    return ce, rej, acc, topk
 
 
 def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid: torch.Tensor, mask: torch.Tensor,
@@ -180,7 +192,7 @@ def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid:
         z = pred.sum() * 0.0
         return z, {"reg": 0.0, "ce": 0.0, "tv": 0.0, "acc": 0.0, "n": 0}
     reg = F.smooth_l1_loss(p, tgt, reduction="none").mean(-1).mean()
-    ce, rej, acc = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
+    ce, rej, acc, _ = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
     loss = w_reg * reg + w_ce * ce + w_tv * rej
     return loss, {"reg": float(reg.detach()), "ce": float(ce.detach()), "tv": float(rej.detach()),
                   "acc": float(acc), "n": n}
@@ -250,7 +262,8 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
     Args:
         ids, hid, mask: as :func:`eagle_loss` (``[B, L]``, ``[B, L, H]`` float32, ``[B, L]`` bool).
         steps: unrolled depths (1 = :func:`eagle_loss`'s terms).
-        top_k: also report whether the target's argmax is among the draft's ``top_k`` tokens.
+        top_k: also report whether the target's argmax is among the draft's ``top_k`` tokens (on the
+            cross-entropy's rows).
 
     Returns:
         (scalar loss, stats with ``reg``, ``ce``, ``tv``, ``acc``, ``n`` of depth 1 and lists
@@ -272,12 +285,8 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
         m = int(p.shape[0])
         if m:
             reg = F.smooth_l1_loss(p, tgt, reduction="none").mean(-1).mean()
-            ce, rej, acc = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
+            ce, rej, acc, topk = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator, top_k)
             total = total + decay ** (j - 1) * (w_reg * reg + w_ce * ce + w_tv * rej)
-            with torch.no_grad():
-                d_top = (p[:4096] @ lm_head_w.T).topk(min(top_k, lm_head_w.shape[0]), -1).indices
-                t_top = (tgt[:4096] @ lm_head_w.T).argmax(-1)
-                topk = (d_top == t_top[:, None]).any(-1).float().mean()
             if j == 1:
                 stats.update(reg=float(reg.detach()), ce=float(ce.detach()), tv=float(rej.detach()), acc=float(acc))
             stats["acc_by_depth"].append(float(acc))
@@ -358,6 +367,19 @@ def train(args) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.time()
     cfg, emb, lm_w = _load_target_parts(args.base)
+    dv_file, lm_w_loss = None, lm_w
+    if args.draft_vocab:  # train the distribution terms on the rows the drafter will use
+        from eagle.model.head import DRAFT_VOCAB_FILE
+        from safetensors.torch import load_file
+
+        dv_file = Path(args.draft_vocab)
+        dv_file = dv_file / DRAFT_VOCAB_FILE if dv_file.is_dir() else dv_file
+        if not dv_file.is_file():
+            raise ValueError(f"--draft-vocab {args.draft_vocab}: no {DRAFT_VOCAB_FILE} there")
+        d2t = load_file(str(dv_file))["d2t"].long()
+        if d2t.dim() != 1 or d2t.numel() < 2 or int(d2t.min()) < 0 or int(d2t.max()) >= lm_w.shape[0]:
+            raise ValueError(f"--draft-vocab {args.draft_vocab}: d2t must be 1-D target ids in [0, {lm_w.shape[0]})")
+        lm_w_loss = lm_w[d2t].contiguous()
     folders = [d for d in args.data.split(",") if d]
     val_folders = [d for d in (args.val_data or args.data).split(",") if d]
     unknown = [d for d in val_folders if d not in folders]
@@ -411,6 +433,10 @@ def train(args) -> dict:
 
     def save(tag: str):
         head.save_pretrained(out)
+        if dv_file is not None and dv_file.resolve() != (out / dv_file.name).resolve():
+            import shutil
+
+            shutil.copyfile(dv_file, out / "draft_vocab.safetensors")
         log["saved"] = tag
         log["peak_rss_gib"] = round(peak_rss_gib(), 3)
         with open(out / "train_log.json", "w") as f:
@@ -444,11 +470,11 @@ def train(args) -> dict:
             for g in opt.param_groups:
                 g["lr"] = lr
             if args.unroll > 1:
-                loss, st = unrolled_loss(head, lm_w, *collate(tr, idx), steps=args.unroll, decay=args.unroll_decay,
+                loss, st = unrolled_loss(head, lm_w_loss, *collate(tr, idx), steps=args.unroll, decay=args.unroll_decay,
                                          noise=args.noise, w_reg=args.w_reg, w_ce=args.w_ce, ce_frac=args.ce_frac,
                                          generator=gen, w_tv=args.w_tv)
             else:
-                loss, st = eagle_loss(head, lm_w, *collate(tr, idx), noise=args.noise, w_reg=args.w_reg,
+                loss, st = eagle_loss(head, lm_w_loss, *collate(tr, idx), noise=args.noise, w_reg=args.w_reg,
                                       w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -499,6 +525,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--val-data-exclusive", action="store_true",
                     help="train on no sequence of the --val-data folders, not only on none of the drawn held-out "
                          "ones (a held-out split larger than --val-max-seqs stays held out for later comparisons)")
+    ap.add_argument("--draft-vocab", default="",
+                    help="head folder or draft_vocab.safetensors: compute the training CE / acceptance terms over "
+                         "these K lm_head rows only (the draft law the drafter will use; ~V/K times cheaper) and "
+                         "copy the file beside the trained head; held-out evaluation stays over the full vocabulary")
     ap.add_argument("--init", default="", help="start from this head folder (public EAGLE-1 layout) instead of random")
     ap.add_argument("--out", required=True, help="head folder (config.json + model.safetensors + train_log.json)")
     ap.add_argument("--epochs", type=float, default=3.0)
