@@ -126,6 +126,25 @@ def test_features_recomputed_equal_a_fresh_forward(tiny, tmp_path):
         torch.testing.assert_close(feats["hidden"][a:b].float(), fresh, atol=2e-3, rtol=2e-3)
 
 
+def test_fast_cpu_base_gives_the_same_features(tiny, tmp_path):
+    """load_base(fast_cpu=True) (packed linears, the corpus and features default) matches eager."""
+    from eagle.model.packed_linear import packing_available
+    from eagle.train.data import linears_of, load_base
+
+    if not packing_available():
+        pytest.skip("oneDNN packed linears unavailable here")
+    model, tok, folder = tiny
+    fast, _ = load_base(str(folder), fast_cpu=True)
+    assert linears_of(fast) == "onednn-packed" and linears_of(model) == "eager"
+    shards = C.plan(_pool(), shard_size=4)
+    C.build(shards, tmp_path / "run", model, tok, max_new=5, gen_batch=3, max_shards=1, model_name="tiny")
+    recs = list(C.iter_records(tmp_path / "run"))
+    a = Fe.build_feature_shard(model, recs, max_len=256, batch_tokens=200, pad_id=0)
+    b = Fe.build_feature_shard(fast, recs, max_len=256, batch_tokens=200, pad_id=0)
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    torch.testing.assert_close(b["hidden"].float(), a["hidden"].float(), atol=2e-3, rtol=2e-3)
+
+
 # ------------------------------------------------------------------------------ multi-step loss
 def _tiny_head(seed=0, H=16, V=23):
     from transformers import LlamaConfig

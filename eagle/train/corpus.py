@@ -240,7 +240,7 @@ def stats(root: str | os.PathLike = DEFAULT_ROOT) -> dict:
 # ------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point (see the module docstring); returns a summary dict."""
-    from .data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH
+    from .data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH, add_fast_cpu_argument
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -258,14 +258,12 @@ def main(argv: list[str] | None = None) -> dict:
     b.add_argument("--max-new", type=int, default=256)
     b.add_argument("--max-prompt", type=int, default=1024)
     b.add_argument("--threads", type=int, default=1)
-    b.add_argument("--fast-cpu", choices=("on", "off"), default="on",
-                   help="oneDNN pre-packed float32 linears (eagle.model.packed_linear): ~1.8x the tokens/s of "
-                        "eager generation here, logits within 1e-4 (default on)")
     b.add_argument("--worker", default="0/1", help="I/N: build only shards whose index is I mod N")
     b.add_argument("--max-minutes", type=float, default=0.0, help="start no new shard after this (0: no limit)")
     b.add_argument("--max-shards", type=int, default=0, help="build at most this many shards now (0: no limit)")
     b.add_argument("--split", choices=("train", "heldout"), default=None,
                    help="build only shards of this split (e.g. the held-out shards first, for measuring heads)")
+    add_fast_cpu_argument(b)
     s = sub.add_parser("stats", help="print corpus totals")
     s.add_argument("--root", default=str(DEFAULT_ROOT))
     args = ap.parse_args(argv)
@@ -314,15 +312,10 @@ def main(argv: list[str] | None = None) -> dict:
         tmp = plan_path.with_name("plan.json.tmp")
         tmp.write_text(json.dumps(info, indent=1))
         os.replace(tmp, plan_path)
-    from .data import load_base
+    from .data import linears_of, load_base
 
-    model, tok = load_base(args.base)
-    linears = "eager"
-    if args.fast_cpu == "on" and next(model.parameters()).device.type == "cpu":
-        from eagle.model.packed_linear import pack_linears
-
-        if pack_linears(model):
-            linears = "onednn-packed"
+    model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on")
+    linears = linears_of(model)
     model_name = "SmolLM2-135M-Instruct" if args.base == "default" else args.base
     summary = build(shards, out, model, tok, worker=worker, n_workers=n_workers, max_new=args.max_new,
                     max_prompt=args.max_prompt, gen_batch=args.gen_batch, seed=args.seed, model_name=model_name,

@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-shards", type=int, default=0, help="at most this many corpus shards (0: all)")
+    from .data import add_fast_cpu_argument
+
+    add_fast_cpu_argument(ap)
     args = ap.parse_args(argv)
     corpus = Path(args.corpus)
     shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
@@ -89,10 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from .data import _pad_id, load_base
+    from .data import _pad_id, linears_of, load_base
 
     torch.set_num_threads(args.threads)
-    model, tok = load_base(args.base)
+    model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on")
     pad = _pad_id(tok)
     out = Path(args.out)
     t0, n_tok, n_new = time.time(), 0, 0
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
             n_tok += int(tensors["input_ids"].numel())
             n_new += 1
         bar.set_postfix(tokens=n_tok, tok_s=round(n_tok / max(time.time() - t0, 1e-9)))
-    summary = {"corpus_shards": len(shards), "feature_shards_written": n_new, "tokens": n_tok,
+    summary = {"corpus_shards": len(shards), "feature_shards_written": n_new, "tokens": n_tok, "linears": linears_of(model),
                "seconds": round(time.time() - t0, 1), "tokens_per_s": round(n_tok / max(time.time() - t0, 1e-9), 1)}
     print(json.dumps(summary))
     return summary
