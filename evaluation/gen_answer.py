@@ -297,7 +297,17 @@ def provenance(model, model_name: str = "default", head: Optional[str] = None, p
 
 
 #: settings that must match for answers to be appended to an existing file (resuming)
-RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature", "tree", "seed", "method")
+RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature", "tree", "tree_choices", "seed",
+               "method")
+
+
+def resolve_tree_choices(model, cfg) -> Optional[list]:
+    """The rank paths of ``cfg.tree`` when it is ``"auto"`` (fitted once per machine and cached,
+    :meth:`EaModel.resolve_tree`; prints the choice and why), else None (a named tree)."""
+    if cfg.tree != "auto":
+        return None
+    choices = model.resolve_tree("auto", cfg.temperature, cfg.top_p, cfg.top_k)
+    return [[int(r) for r in path] for path in choices]  # as the answer records store it (JSON lists)
 
 
 def resume_conflict(path: os.PathLike | str, settings: dict) -> Optional[str]:
@@ -446,9 +456,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
             UsageError("--answer-file", "needs exactly one method and one seed")), prog="gen_answer")
     model, fmt = exit_on_usage_error(load_checked_model, cfg, prog="gen_answer")
     info = provenance(model, cfg.model, cfg.head, fmt)
+    choices = resolve_tree_choices(model, cfg)
     kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, tree=cfg.tree,
               max_new_tokens=cfg.max_new_tokens, model_name=cfg.model, head=cfg.head, progress=not cfg.no_progress,
-              prompt_format=fmt, run_info=info)
+              prompt_format=fmt, run_info=info, tree_choices=choices)
     if args.answer_file:
         generate_answers(model, cfg.questions, args.answer_file, cfg.methods[0], seed=cfg.seeds[0], **kw)
         return [Path(args.answer_file)]

@@ -37,24 +37,26 @@ def run_job(cfg: Config, model, fmt) -> dict:
     out = cfg.out
     info = G.provenance(model, cfg.model, cfg.head, fmt)
     methods = [BASELINE] + [m for m in cfg.methods if m != BASELINE]
-    for seed in cfg.seeds:  # resuming: an existing answer file must come from the same settings
+    t0 = time.perf_counter()  # an auto tree is fitted here (cached on disk per machine), never inside a timed call
+    choices = G.resolve_tree_choices(model, cfg)
+    fit_seconds = time.perf_counter() - t0
+    for seed in cfg.seeds:  # resuming: an existing answer file must come from the same settings (and tree)
         for m in methods:
             tree = None if m == BASELINE else cfg.tree
-            why = G.resume_conflict(out / "answers" / G.answer_file_name(m, cfg.temperature, tree, seed), {
-                "model": info["model"], "head": info["head"], "max_new_tokens": cfg.max_new_tokens,
-                "top_p": cfg.top_p, "top_k": cfg.top_k, "temperature": cfg.temperature, "tree": tree, "seed": seed,
-                "method": m, "prompt_format": info["prompt_format"]})
+            settings = {"model": info["model"], "head": info["head"], "max_new_tokens": cfg.max_new_tokens,
+                        "top_p": cfg.top_p, "top_k": cfg.top_k, "temperature": cfg.temperature, "tree": tree,
+                        "seed": seed, "method": m, "prompt_format": info["prompt_format"]}
+            if tree is not None and choices is not None:
+                settings["tree_choices"] = choices
+            why = G.resume_conflict(out / "answers" / G.answer_file_name(m, cfg.temperature, tree, seed), settings)
             if why:
                 raise UsageError("--out", f"{why}; use another --out or delete that file")
     out.mkdir(parents=True, exist_ok=True)
     run = {"settings": cfg.settings(), "provenance": info, "stage_seconds": {}}
     stages = run["stage_seconds"]
-    choices = None
-    if cfg.tree == "auto":  # fitted once here (cached on disk per machine), never inside a timed call
-        t0 = time.perf_counter()
-        choices = model.resolve_tree("auto", cfg.temperature, cfg.top_p, cfg.top_k)
+    if choices is not None:
         run["tree_choices"] = choices
-        stages["auto_tree"] = time.perf_counter() - t0
+        stages["auto_tree"] = fit_seconds
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
 
     t0 = time.perf_counter()

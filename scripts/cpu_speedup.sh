@@ -3,7 +3,8 @@
 # decoding on the fitted tree, same optimised model) on Spec-Bench, 5 questions per category group,
 # 128 new tokens per turn, seed 0, at temperature 0 (rrsw) and 1 (rrsw, univer), for each thread count.
 #
-#   scripts/cpu_speedup.sh [OUT] [extra main-job args...]      (OUT default runs/cpu_speedup)
+#   scripts/cpu_speedup.sh [OUT] [extra main-job args...]   (OUT default runs/cpu_speedup, relative to
+#                                                            the repository root)
 #
 # THREADS (default "1 2") lists the torch thread counts; PER_CATEGORY (5) and MAX_NEW (128) the size.
 # Nothing else should run on the machine meanwhile. Prints each run's Table-1 (tau, tokens/s,
@@ -12,8 +13,9 @@
 # them first on an idle machine with `python -m evaluation.fit_tree --temperature T --threads N --refresh`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT=${1:-runs/cpu_speedup}
-shift $(( $# > 0 ? 1 : 0 ))
+cd "$ROOT"
+OUT=runs/cpu_speedup
+if [[ $# -gt 0 && $1 != -* ]]; then OUT=$1; shift; fi
 THREADS=${THREADS:-"1 2"}
 PER_CATEGORY=${PER_CATEGORY:-5}
 MAX_NEW=${MAX_NEW:-128}

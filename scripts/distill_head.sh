@@ -21,7 +21,11 @@ UNROLL=${UNROLL:-3}
 ACC_WEIGHT=${ACC_WEIGHT:-0.0}
 TRAIN_MINUTES=${TRAIN_MINUTES:-60}
 # draft vocabulary the CE / acceptance terms are trained on (copied beside the new head); default: INIT's
-DRAFT_VOCAB=${DRAFT_VOCAB-${INIT:+$INIT/draft_vocab.safetensors}}
+# when it has one; DRAFT_VOCAB="" trains over the full vocabulary; a given path must exist (train.py checks)
+if [ -z "${DRAFT_VOCAB+set}" ]; then
+  DRAFT_VOCAB=""
+  if [ -n "$INIT" ] && [ -f "$INIT/draft_vocab.safetensors" ]; then DRAFT_VOCAB="$INIT/draft_vocab.safetensors"; fi
+fi
 THREADS=${THREADS:-2}
 PY=${PYTHON:-python}
 mkdir -p "$(dirname "$OUT")"
@@ -30,9 +34,9 @@ $PY -m eagle.train.features --corpus data/distill --out "$FEATURES" --threads "$
 
 INIT_ARGS=()
 if [ -n "$INIT" ]; then INIT_ARGS=(--init "$INIT"); fi
-if [ -n "$DRAFT_VOCAB" ] && [ -f "$DRAFT_VOCAB" ]; then INIT_ARGS+=(--draft-vocab "$DRAFT_VOCAB"); fi
+if [ -n "$DRAFT_VOCAB" ]; then INIT_ARGS+=(--draft-vocab "$DRAFT_VOCAB"); fi
 $PY -m eagle.train.train --base default --data "$FEATURES/train,$FEATURES/heldout" --val-data "$FEATURES/heldout" \
-    --val-data-exclusive --val-frac 1.0 --val-max-seqs 96 --out "$OUT" "${INIT_ARGS[@]}" --unroll "$UNROLL" --eval-depths 5 \
+    --val-data-exclusive --val-frac 1.0 --val-max-seqs 96 --out "$OUT" ${INIT_ARGS[@]+"${INIT_ARGS[@]}"} --unroll "$UNROLL" --eval-depths 5 \
     --w-tv "$ACC_WEIGHT" --max-minutes "$TRAIN_MINUTES" --epochs 50 --batch-tokens 2048 --lr 3e-4 --warmup 20 \
     --min-lr-ratio 0.1 --noise 0.1 --ce-frac 0.25 --clip 0.5 --eval-minutes 20 --save-minutes 10 --eval-at-start \
     --threads "$THREADS" "$@" 2>&1 | tee "${OUT%/}.train.log"

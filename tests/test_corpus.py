@@ -139,6 +139,8 @@ def test_fast_cpu_base_gives_the_same_features(tiny, tmp_path):
     shards = C.plan(_pool(), shard_size=4)
     C.build(shards, tmp_path / "run", model, tok, max_new=5, gen_batch=3, max_shards=1, model_name="tiny")
     recs = list(C.iter_records(tmp_path / "run"))
+    C.build(shards, tmp_path / "fast", fast, tok, max_new=5, gen_batch=3, max_shards=1, model_name="tiny")
+    assert {r["linears"] for r in C.iter_records(tmp_path / "fast")} == {"onednn-packed"}
     a = Fe.build_feature_shard(model, recs, max_len=256, batch_tokens=200, pad_id=0)
     b = Fe.build_feature_shard(fast, recs, max_len=256, batch_tokens=200, pad_id=0)
     assert torch.equal(a["input_ids"], b["input_ids"])

@@ -129,3 +129,8 @@ def test_resolved_tree_choices_go_to_the_engine_label_to_the_files(tiny, tmp_pat
     rec = _lines(files[0])[0]
     assert rec["tree"] == "auto" and rec["tree_choices"] == choices
     assert max(rec["choices"][0]["accept_lengths"]) <= 3      # depth 2 tree: at most 2 drafted + 1
+    # resuming with another fitted tree (other threads, a refreshed fit) is refused, the same one is not
+    same = {"method": "rrsw", "temperature": 1.0, "tree": "auto", "seed": 0, "tree_choices": choices}
+    assert G.resume_conflict(files[0], same) is None
+    why = G.resume_conflict(files[0], dict(same, tree_choices=[[0], [1]]))
+    assert why is not None and "tree_choices" in why

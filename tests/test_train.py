@@ -314,6 +314,22 @@ def test_train_with_draft_vocab_copies_it_beside_the_head(tiny_base, tiny_data, 
                   "--threads", "1", "--max-steps", "2", "--draft-vocab", str(dv), "--unroll", "2"])
     assert log["steps"] == 2
     assert torch.equal(load_draft_vocab(out), torch.arange(0, 80, 2))
-    with pytest.raises(ValueError, match="draft-vocab"):
-        T.main(["--base", str(tiny_base), "--data", str(a), "--out", str(tmp_path / "h2"), "--max-steps", "1",
-                "--draft-vocab", str(tmp_path / "nowhere")])
+    for bad in (tmp_path / "nowhere", tmp_path / "junk.safetensors"):
+        (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
+        with pytest.raises(ValueError, match="draft-vocab"):
+            T.main(["--base", str(tiny_base), "--data", str(a), "--out", str(tmp_path / "h2"), "--max-steps", "1",
+                    "--draft-vocab", str(bad)])
+    save_draft_vocab(tmp_path / "unsorted", torch.arange(0, 80, 2))
+    from safetensors.torch import save_file
+
+    save_file({"d2t": torch.tensor([5, 3, 9])}, str(tmp_path / "unsorted" / "draft_vocab.safetensors"))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        T.main(["--base", str(tiny_base), "--data", str(a), "--out", str(tmp_path / "h3"), "--max-steps", "1",
+                "--draft-vocab", str(tmp_path / "unsorted")])
+    # --val-data-exclusive needs --val-data and something left to train on
+    with pytest.raises(ValueError, match="needs --val-data"):
+        T.main(["--base", str(tiny_base), "--data", str(a), "--out", str(tmp_path / "h4"), "--max-steps", "1",
+                "--val-data-exclusive"])
+    with pytest.raises(ValueError, match="no training sequences"):
+        T.main(["--base", str(tiny_base), "--data", str(a), "--val-data", str(a), "--out", str(tmp_path / "h4"),
+                "--max-steps", "1", "--val-data-exclusive"])

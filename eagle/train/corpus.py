@@ -105,16 +105,17 @@ def plan(pool: list[dict], shard_size: int) -> list[dict]:
 
 @torch.no_grad()
 def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_batch: int, seed: int,
-                model_name: str, linears: str = "eager") -> list[dict]:
+                model_name: str, linears: str | None = None) -> list[dict]:
     """Generate the target's answers for one planned shard, turn by turn (batched, left padding).
 
     Prompts longer than ``max_prompt`` tokens are dropped. ``linears`` ("eager" or "onednn-packed",
-    see :mod:`eagle.model.packed_linear`) is recorded with the generation settings: packed linears give
+    see :mod:`eagle.model.packed_linear`; default: what ``model`` runs) is recorded with the generation settings: packed linears give
     the same logits within float tolerance (1e-4), so only near-ties can decode differently. Returns
     the corpus records.
     """
-    from .data import _generate
+    from .data import _generate, linears_of
 
+    linears = linears or linears_of(model)
     temp = shard["temperature"]
     recs = []
     for r in shard["records"]:
@@ -187,7 +188,7 @@ def _build_pool(args) -> tuple[list[dict], dict]:
 
 def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int = 0, n_workers: int = 1,
           max_new: int = 256, max_prompt: int = 1024, gen_batch: int = 16, seed: int = 0, model_name: str = "",
-          max_shards: int = 0, max_minutes: float = 0.0, split: str | None = None, linears: str = "eager") -> dict:
+          max_shards: int = 0, max_minutes: float = 0.0, split: str | None = None, linears: str | None = None) -> dict:
     """Build the missing shards of a plan (:func:`plan`) into ``out`` (resumable, appends only).
 
     Shards already on disk are skipped; ``worker``/``n_workers`` select shards ``k % n_workers ==

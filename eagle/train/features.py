@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
             dest.parent.mkdir(parents=True, exist_ok=True)
             tensors = build_feature_shard(model, part, max_len=args.max_len, batch_tokens=args.batch_tokens, pad_id=pad)
             tmp = dest.with_name(dest.name + ".tmp")
-            save_file(tensors, str(tmp))
+            save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name})
             os.replace(tmp, dest)
             n_tok += int(tensors["input_ids"].numel())
             n_new += 1

@@ -134,10 +134,12 @@ def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Ten
     (drawn with ``generator``).
 
     ``lm_head_w`` is ``[V', H]``: the full lm_head, or its draft-vocabulary rows (``--draft-vocab``),
-    in which case both laws are the softmax over those rows (the target's renormalised on them, which
-    is the best draft law with that support). Acceptance is ``sum_x min(M_b(x), M_s(x))`` at
-    temperature 1, the probability that one child drawn from the draft law is accepted by rejection
-    sampling (REFERENCE section 6, LK losses). The agreements reuse the same two ``[N, V']`` products
+    in which case both laws are the softmax over those rows (the target's renormalised on them: per
+    position the KL-closest and an acceptance-optimal draft law with that support; positions are
+    weighted equally, not by the target's mass on the K rows, and the reported acceptance / agreements
+    are then those of the renormalised laws, above the full-vocabulary values of held-out evaluation).
+    Acceptance is ``sum_x min(M_b(x), M_s(x))`` at temperature 1, the probability that one child drawn
+    from the draft law is accepted by rejection sampling (REFERENCE section 6, LK losses). The agreements reuse the same two ``[N, V']`` products
     (they dominate a step's cost on CPU).
     """
     n = int(p.shape[0])
@@ -367,20 +369,31 @@ def train(args) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.time()
     cfg, emb, lm_w = _load_target_parts(args.base)
-    dv_file, lm_w_loss = None, lm_w
+    d2t, dv_meta, lm_w_loss = None, {}, lm_w
     if args.draft_vocab:  # train the distribution terms on the rows the drafter will use
         from eagle.model.head import DRAFT_VOCAB_FILE
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
 
         dv_file = Path(args.draft_vocab)
         dv_file = dv_file / DRAFT_VOCAB_FILE if dv_file.is_dir() else dv_file
         if not dv_file.is_file():
             raise ValueError(f"--draft-vocab {args.draft_vocab}: no {DRAFT_VOCAB_FILE} there")
-        d2t = load_file(str(dv_file))["d2t"].long()
-        if d2t.dim() != 1 or d2t.numel() < 2 or int(d2t.min()) < 0 or int(d2t.max()) >= lm_w.shape[0]:
-            raise ValueError(f"--draft-vocab {args.draft_vocab}: d2t must be 1-D target ids in [0, {lm_w.shape[0]})")
+        try:
+            d2t = load_file(str(dv_file))["d2t"].long()
+            with safe_open(str(dv_file), "pt") as f:
+                dv_meta = dict(f.metadata() or {})
+        except (SafetensorError, KeyError, OSError) as e:
+            raise ValueError(f"--draft-vocab {dv_file}: not a draft vocabulary file (safetensors with 'd2t'): "
+                             f"{e}") from None
+        if (d2t.dim() != 1 or d2t.numel() < 2 or int(d2t.min()) < 0 or int(d2t.max()) >= lm_w.shape[0]
+                or bool((d2t[1:] <= d2t[:-1]).any())):
+            raise ValueError(f"--draft-vocab {dv_file}: d2t must be strictly increasing target ids in "
+                             f"[0, {lm_w.shape[0]})")
         lm_w_loss = lm_w[d2t].contiguous()
     folders = [d for d in args.data.split(",") if d]
+    if args.val_data_exclusive and not args.val_data:
+        raise ValueError("--val-data-exclusive needs --val-data (the held-out folders)")
     val_folders = [d for d in (args.val_data or args.data).split(",") if d]
     unknown = [d for d in val_folders if d not in folders]
     if unknown:
@@ -396,6 +409,9 @@ def train(args) -> dict:
     val = [pool[i] for i in perm[:n_val]]
     val_ids = {id(s) for s in (pool if args.val_data_exclusive else val)}
     tr = [s for s in seqs if id(s) not in val_ids]
+    if not tr:
+        raise ValueError("no training sequences left: with --val-data-exclusive, --data needs a folder that is "
+                         "not in --val-data")
     n_tok = sum(len(s["ids"]) for s in tr)
     n_resp = sum(int(s["mask"][1:].sum()) for s in tr)
 
@@ -433,10 +449,10 @@ def train(args) -> dict:
 
     def save(tag: str):
         head.save_pretrained(out)
-        if dv_file is not None and dv_file.resolve() != (out / dv_file.name).resolve():
-            import shutil
+        if d2t is not None:  # the head runs with the vocabulary it was trained for
+            from eagle.train.draft_vocab import save_draft_vocab
 
-            shutil.copyfile(dv_file, out / "draft_vocab.safetensors")
+            save_draft_vocab(out, d2t, {**dv_meta, "head_trained_on": str(args.draft_vocab)})
         log["saved"] = tag
         log["peak_rss_gib"] = round(peak_rss_gib(), 3)
         with open(out / "train_log.json", "w") as f:
