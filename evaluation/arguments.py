@@ -408,6 +408,7 @@ class Config:
     bootstrap: int
     no_progress: bool
     plots: bool
+    draft_vocab: str = "auto"
 
     def settings(self) -> dict:
         d = asdict(self)
@@ -450,6 +451,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--threads", default=1,
                     help="CPU: torch threads (default 1: on a shared CPU several threads spin against each other); "
                          "0 = torch's default")
+    ap.add_argument("--draft-vocab", default="auto", choices=("auto", "off"),
+                    help="auto: draft over the head's draft vocabulary (draft_vocab.safetensors beside the head) "
+                         "when it has one; off: over the full target vocabulary (output is lossless either way)")
     ap.add_argument("--template", default=None,
                     help="prompt format: a FastChat template (e.g. vicuna_v1.1) or chat_template; default: the "
                          "tokenizer's chat template, or the known family's format (Vicuna -> vicuna_v1.1)")
@@ -503,7 +507,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
                   template=template, plugins=plugins, quick=quick,
                   note=QUICK_NOTE.format(seeds=len(seeds), per_category=per_cat, max_new=max_new) if quick else None,
                   contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
-                  no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False))
+                  no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False),
+                  draft_vocab=getattr(args, "draft_vocab", "auto"))
 
 
 def load_checked_model(cfg: Config):
@@ -524,6 +529,8 @@ def load_checked_model(cfg: Config):
         flag = "--head" if type(e).__name__ == "CheckpointMismatchError" else "--model/--head"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(flag, f"cannot load {cfg.model!r} + head {cfg.head!r}: {msg}") from None
+    if cfg.draft_vocab == "off" and getattr(model, "ea_layer", None) is not None:
+        model.ea_layer.set_draft_vocab(None)
     if getattr(model, "tokenizer", None) is None:
         raise UsageError("--model", f"{cfg.model} has no loadable tokenizer (Llama tokenizers need sentencepiece "
                                     f"and protobuf)")

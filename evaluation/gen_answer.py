@@ -275,6 +275,12 @@ def resolve_head(model_name: str, head: Optional[str]) -> Optional[str]:
     return None if head is None else str(head)
 
 
+def _draft_vocab_size(model) -> Optional[int]:
+    """K of the head's draft vocabulary in use, None when it drafts over the full vocabulary."""
+    d2t = getattr(getattr(model, "ea_layer", None), "d2t", None)
+    return None if d2t is None else int(d2t.numel())
+
+
 def provenance(model, model_name: str = "default", head: Optional[str] = None, prompt_format=None) -> dict:
     """What produced an answer file: model, head path + sha256 of its weight files, commit, versions,
     dtype, device, torch threads, the engine's fast CPU linears flag, prompt format. JSON-ready."""
@@ -292,13 +298,14 @@ def provenance(model, model_name: str = "default", head: Optional[str] = None, p
         "python": platform.python_version(), "device": str(getattr(model, "device", "cpu")),
         "dtype": None if dtype is None else str(dtype), "threads": int(torch.get_num_threads()),
         "fast_cpu": getattr(model, "fast_cpu", None),
+        "draft_vocab": _draft_vocab_size(model),
         "prompt_format": None if prompt_format is None else prompt_format.describe(),
     }
 
 
 #: settings that must match for answers to be appended to an existing file (resuming)
 RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature", "tree", "tree_choices", "seed",
-               "method")
+               "method", "draft_vocab")
 
 
 def resolve_tree_choices(model, cfg) -> Optional[list]:

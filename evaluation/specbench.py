@@ -45,7 +45,8 @@ def run_job(cfg: Config, model, fmt) -> dict:
             tree = None if m == BASELINE else cfg.tree
             settings = {"model": info["model"], "head": info["head"], "max_new_tokens": cfg.max_new_tokens,
                         "top_p": cfg.top_p, "top_k": cfg.top_k, "temperature": cfg.temperature, "tree": tree,
-                        "seed": seed, "method": m, "prompt_format": info["prompt_format"]}
+                        "seed": seed, "method": m, "prompt_format": info["prompt_format"],
+                        "draft_vocab": info["draft_vocab"]}
             if tree is not None and choices is not None:
                 settings["tree_choices"] = choices
             why = G.resume_conflict(out / "answers" / G.answer_file_name(m, cfg.temperature, tree, seed), settings)

@@ -23,6 +23,8 @@
 #                          and sha256-checked if absent)
 #   --out DIR              output folder (default runs/specbench/<model>-temp<T>-<tree>[-quick])
 #   --threads N            CPU only: torch threads (default 1; 0 = torch's default)
+#   --draft-vocab auto|off draft over the head's draft vocabulary when it ships one (auto, default) or over
+#                          the full vocabulary (off); lossless either way, tau and speed differ
 #   --contexts-per-question N   exact tau: shared contexts per question (default 8; 0 = skip)
 #   --draws N              exact tau: tree draws per drafting rule and context (default 1)
 #   --bootstrap N          bootstrap resamples over questions (default 1000)

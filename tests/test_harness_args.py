@@ -171,3 +171,43 @@ def test_default_tree_is_auto_only_for_the_embedded_model_on_cpu(tmp_path):
     assert cfg.tree == "auto" and str(cfg.out).endswith("a")
     assert _check(["--device", "cpu", "--question-file", q, "--tree", "mc_sim_7b_63",
                    "--out", str(tmp_path / "b")]).tree == "mc_sim_7b_63"  # an explicit tree wins
+
+
+def test_draft_vocab_flag(tmp_path):
+    q = str(_questions(tmp_path))
+    assert _check(["--question-file", q, "--out", str(tmp_path / "a")]).draft_vocab == "auto"
+    assert _check(["--question-file", q, "--out", str(tmp_path / "a"), "--draft-vocab", "off"]).draft_vocab == "off"
+    with pytest.raises(SystemExit) as e:
+        _check(["--question-file", q, "--out", str(tmp_path / "a"), "--draft-vocab", "maybe"])
+    assert e.value.code == 2
+
+
+def test_draft_vocab_off_drafts_over_the_full_vocabulary(tmp_path, monkeypatch):
+    """load_checked_model drops the head's draft vocabulary for --draft-vocab off (and keeps it for auto);
+    provenance reports K or None, and resuming with the other setting is refused."""
+    import torch
+
+    from eagle.model.head import EagleHead
+    from evaluation import gen_answer as G
+
+    class _Stub:
+        def __init__(self):
+            from transformers import LlamaConfig
+
+            cfg = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2)
+            self.ea_layer = EagleHead(cfg)
+            self.ea_layer.set_draft_vocab(torch.arange(0, 40, 4))
+            self.tokenizer = object()
+
+    monkeypatch.setattr(A, "load_model", lambda *a, **k: _Stub())
+    monkeypatch.setattr("evaluation.templates.choose_format", lambda *a, **k: None)
+    q = str(_questions(tmp_path))
+    for flag, k in (("auto", 10), ("off", None)):
+        cfg = _check(["--question-file", q, "--out", str(tmp_path / flag), "--draft-vocab", flag])
+        model, _ = A.load_checked_model(cfg)
+        assert G._draft_vocab_size(model) == k
+    f = tmp_path / "a.jsonl"
+    f.write_text(json.dumps({"method": "rrsw", "draft_vocab": 10}) + "\n")
+    assert G.resume_conflict(f, {"method": "rrsw", "draft_vocab": 10}) is None
+    assert "draft_vocab" in G.resume_conflict(f, {"method": "rrsw", "draft_vocab": None})
