@@ -233,3 +233,22 @@ def test_train_cli_unroll_and_depth_eval(tiny, tmp_path):
     assert len(ev["acc_by_depth"]) == 4 and len(ev["top4_by_depth"]) == 4
     assert all(0.0 <= a <= b <= 1.0 for a, b in zip(ev["acc_by_depth"], ev["top4_by_depth"]))
     assert log["eval"][-1]["loss"] < log["eval"][0]["loss"]
+
+
+def test_features_cli_workers_split_the_shards_and_resume(tiny, tmp_path):
+    """--worker I/N: N processes encode disjoint corpus shards that together cover all; a rerun skips them."""
+    model, tok, folder = tiny
+    shards = C.plan(_pool(), shard_size=4)
+    C.build(shards, tmp_path / "corpus" / "run", model, tok, max_new=4, gen_batch=3, max_shards=3, model_name="tiny")
+    n_corpus = len(list((tmp_path / "corpus").rglob("shard_*.jsonl.gz")))
+    assert n_corpus == 3
+    common = ["--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "feat"), "--base", str(folder),
+              "--threads", "1", "--fast-cpu", "off"]
+    a = Fe.main(common + ["--worker", "0/2"])
+    b = Fe.main(common + ["--worker", "1/2"])
+    assert (a["corpus_shards"], b["corpus_shards"]) == (2, 1)
+    written = sorted(p.name for p in (tmp_path / "feat").rglob("*.safetensors"))
+    assert len(written) == a["feature_shards_written"] + b["feature_shards_written"] and len(written) >= 3
+    assert Fe.main(common + ["--worker", "0/2"])["feature_shards_written"] == 0   # resumed: nothing to redo
+    with pytest.raises(SystemExit):
+        Fe.main(common + ["--worker", "2/2"])

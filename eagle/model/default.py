@@ -9,7 +9,7 @@ import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["DEFAULT_BASE", "DEFAULT_HEAD", "GGUF_NAME", "GGUF_SHA256", "default_gguf_path",
+__all__ = ["publish_folder", "DEFAULT_BASE", "DEFAULT_HEAD", "GGUF_NAME", "GGUF_SHA256", "default_gguf_path",
            "default_base_folder", "cache_dir"]
 
 DEFAULT_BASE = "default"
@@ -76,8 +76,27 @@ def default_base_folder() -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
+    import os
+
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: concurrent first uses do not collide
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out)
+    return publish_folder(tmp, out)
+
+
+def publish_folder(tmp: Path, out: Path) -> Path:
+    """Rename the finished folder ``tmp`` to ``out``; if another process published ``out`` first, keep
+    theirs and delete ``tmp`` (so concurrent first uses of the default model both succeed).
+
+    Raises:
+        OSError: the rename failed and ``out`` holds no finished conversion.
+    """
+    import shutil
+
+    try:
+        tmp.rename(out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").exists():
+            raise
     return out

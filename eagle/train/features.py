@@ -11,6 +11,8 @@ cut to ``--max-len`` tokens). Train and held-out records go to ``OUT/train/`` an
 
 Features take ~1.1 KB per token (H = 576, float16), so they are cached on local disk, never
 committed; a feature shard newer than its corpus shard is reused, so a rerun only adds the new ones.
+``--worker I/N`` encodes every N-th corpus shard, so N one-thread processes fill one cache together
+(on 2 cores two one-thread workers beat one two-thread process).
 """
 from __future__ import annotations
 
@@ -77,16 +79,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-shards", type=int, default=0, help="at most this many corpus shards (0: all)")
-    from .data import add_fast_cpu_argument
+    ap.add_argument("--worker", default="0/1",
+                    help="I/N: encode only the corpus shards at positions I mod N (N one-thread processes share a run)")
+    from .data import add_fast_cpu_argument, parse_worker
 
     add_fast_cpu_argument(ap)
     args = ap.parse_args(argv)
+    worker, n_workers = parse_worker(ap, args.worker)
     corpus = Path(args.corpus)
     shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
     if not shards:
         ap.error(f"--corpus {corpus}: no shard_*.jsonl.gz found")
     if args.max_shards:
         shards = shards[:args.max_shards]
+    shards = shards[worker::n_workers]
     import gzip
 
     from safetensors.torch import save_file
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     pad = _pad_id(tok)
     out = Path(args.out)
     t0, n_tok, n_new = time.time(), 0, 0
-    bar = tqdm(shards, desc="features", unit="shard")
+    bar = tqdm(shards, desc=f"features {worker}/{n_workers}", unit="shard")
     for sh in bar:
         with gzip.open(sh, "rt", encoding="utf-8") as f:
             recs = [json.loads(line) for line in f if line.strip()]
