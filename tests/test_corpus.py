@@ -250,5 +250,7 @@ def test_features_cli_workers_split_the_shards_and_resume(tiny, tmp_path):
     written = sorted(p.name for p in (tmp_path / "feat").rglob("*.safetensors"))
     assert len(written) == a["feature_shards_written"] + b["feature_shards_written"] and len(written) >= 3
     assert Fe.main(common + ["--worker", "0/2"])["feature_shards_written"] == 0   # resumed: nothing to redo
+    redo = Fe.main(common + ["--worker", "0/2", "--max-len", "40"])                 # another cut: redone
+    assert redo["feature_shards_written"] == a["feature_shards_written"]
     with pytest.raises(SystemExit):
         Fe.main(common + ["--worker", "2/2"])

@@ -10,7 +10,7 @@ final norm), ``offsets`` int64 ``[S + 1]``; one sequence per turn (``prompt_ids 
 cut to ``--max-len`` tokens). Train and held-out records go to ``OUT/train/`` and ``OUT/heldout/``.
 
 Features take ~1.1 KB per token (H = 576, float16), so they are cached on local disk, never
-committed; a feature shard newer than its corpus shard is reused, so a rerun only adds the new ones.
+committed; a feature shard newer than its corpus shard and cut at the same ``--max-len`` is reused, so a rerun only adds the new ones.
 ``--worker I/N`` encodes every N-th corpus shard, so N one-thread processes fill one cache together
 (on 2 cores two one-thread workers beat one two-thread process).
 """
@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["sequences_of", "build_feature_shard", "main"]
+
+DEFAULT_MAX_LEN = 768
 
 
 def sequences_of(rec: dict, max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -67,6 +69,14 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
     }
 
 
+def _cached_max_len(path: Path) -> int:
+    """``--max-len`` a cached feature shard was cut at (shards written before it was recorded: 768, the default)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return int((f.metadata() or {}).get("max_len", DEFAULT_MAX_LEN))
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns a summary (tokens, seconds, tokens/s)."""
     from .corpus import DEFAULT_ROOT
@@ -75,7 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--corpus", default=str(DEFAULT_ROOT), help="corpus folder (data/distill or one run)")
     ap.add_argument("--out", required=True, help="feature cache folder (outside git)")
     ap.add_argument("--base", default="default")
-    ap.add_argument("--max-len", type=int, default=768)
+    ap.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
+                    help="cut each sequence (prompt + answer) to this many tokens; cached shards cut otherwise are redone")
     ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-shards", type=int, default=0, help="at most this many corpus shards (0: all)")
@@ -115,12 +126,13 @@ def main(argv: list[str] | None = None) -> dict:
             if not part:
                 continue
             dest = out / split / f"shard_{run}_{sh.name.split('.')[0].split('_')[1]}.safetensors"
-            if dest.exists() and dest.stat().st_mtime >= sh.stat().st_mtime:
+            if dest.exists() and dest.stat().st_mtime >= sh.stat().st_mtime and _cached_max_len(dest) == args.max_len:
                 continue
             dest.parent.mkdir(parents=True, exist_ok=True)
             tensors = build_feature_shard(model, part, max_len=args.max_len, batch_tokens=args.batch_tokens, pad_id=pad)
             tmp = dest.with_name(dest.name + ".tmp")
-            save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name})
+            save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name,
+                                                   "max_len": str(args.max_len)})
             os.replace(tmp, dest)
             n_tok += int(tensors["input_ids"].numel())
             n_new += 1
