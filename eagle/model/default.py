@@ -76,8 +76,6 @@ def default_base_folder() -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    import os
-
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: concurrent first uses do not collide
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)

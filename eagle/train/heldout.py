@@ -23,14 +23,16 @@ import torch
 __all__ = ["heldout_sequences", "evaluate_heads", "main"]
 
 
-def heldout_sequences(model, corpus, max_records: int, max_len: int = 768, pad_id: int = 0,
+def heldout_sequences(model, corpus, max_records: int, max_len: int | None = None, pad_id: int = 0,
                       temperature: float | None = None) -> list[dict]:
     """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden).
 
     ``temperature`` keeps only records generated at that temperature (0.0 greedy, 1.0 sampled).
     """
     from .corpus import iter_records
-    from .features import build_feature_shard
+    from .features import DEFAULT_MAX_LEN, build_feature_shard
+
+    max_len = DEFAULT_MAX_LEN if max_len is None else max_len
 
     recs = []
     for r in iter_records(corpus, split="heldout"):
