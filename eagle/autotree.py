@@ -38,7 +38,7 @@ from .tree import build_tree
 from .tree.auto import CycleCost, fit_tree, load_cached, store_cached
 
 __all__ = ["probe_tree", "acceptance_from_laws", "measure_acceptance", "smooth_acceptance", "default_contexts", "measure_costs",
-           "cache_key", "resolve_auto_tree", "TARGET_TOKENS", "COST_TREES"]
+           "cache_key", "resolve_auto_tree", "isotonic", "TARGET_TOKENS", "COST_TREES"]
 
 #: tree sizes (root included) at which the target forward is timed
 TARGET_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -258,7 +258,8 @@ def _sync(dev):
 def time_target_forwards(model, context: torch.Tensor, tokens=TARGET_TOKENS, rounds: int = 3) -> dict:
     """Median seconds of one target forward over n tree tokens (4D mask; n = 1 without a mask, as a
     plain decode step) on top of ``context``'s cache, for every n in ``tokens``, interleaved
-    round-robin; made non-decreasing in n (running maximum). Returns ``{n: seconds}``."""
+    round-robin; made non-decreasing in n (least-squares isotonic fit, :func:`isotonic`). Returns
+    ``{n: seconds}``."""
     dev = model.device
     ctx = torch.as_tensor(context, dtype=torch.long).reshape(1, -1).to(dev)
     L = ctx.shape[1]
@@ -281,8 +282,24 @@ def time_target_forwards(model, context: torch.Tensor, tokens=TARGET_TOKENS, rou
                 times[n].append(time.perf_counter() - t0)
             truncate_cache(cache, L)
     med = [statistics.median(times[n]) for n in tokens]
-    # a forward over more tokens never costs less: a dip is timing noise (running maximum)
-    return dict(zip(tokens, np.maximum.accumulate(med).tolist()))
+    # a forward over more tokens never costs less: a dip is timing noise. The isotonic fit averages
+    # the violators (a running maximum would carry one slow sample up to every larger size)
+    return dict(zip(tokens, isotonic(med).tolist()))
+
+
+def isotonic(values) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators).
+
+    ``values``: 1-D floats; returns float64 ``[len(values)]``.
+    """
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in np.asarray(values, dtype=np.float64).ravel():
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return np.concatenate([np.full(int(c), s / c) for s, c in blocks]) if blocks else np.zeros(0)
 
 
 @torch.no_grad()
@@ -380,7 +397,8 @@ def _cpu_name() -> str:
 
 def cache_key(model, temperature: float, top_p: float, top_k: int, verifier: str, max_nodes: int) -> dict:
     """What the fitted tree depends on: target config, head weights (+ draft vocabulary), machine
-    (CPU model, cores, torch threads, torch version, device, dtype, the target-forward switch), sampling."""
+    (CPU model, cores, torch threads, torch version, device, dtype, the target-forward switch and attention
+    implementation), sampling."""
     head = model.ea_layer
     head_tensors = [p for n, p in sorted(head.named_parameters()) if not n.startswith("embed_tokens")]
     d2t = getattr(head, "d2t", None)
@@ -396,7 +414,8 @@ def cache_key(model, temperature: float, top_p: float, top_k: int, verifier: str
                     "torch": torch.__version__, "device": str(dev),
                     "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                     "dtype": str(model.lm_head.weight.dtype),
-                    "fast_cpu": bool(getattr(model, "fast_cpu", False))},
+                    "fast_cpu": bool(getattr(model, "fast_cpu", False)),
+                    "attention": getattr(cfg, "_attn_implementation", None)},
         "sampling": {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)},
         "verifier": verifier, "max_nodes": int(max_nodes), "version": 2,
     }

@@ -126,3 +126,18 @@ def test_smooth_acceptance():
     assert s[1, 0] == pytest.approx((1 + 4 * pooled0) / 5)  # one lucky observation no longer reads 1.0
     assert s[1, 1] == pytest.approx(0.2)  # never observed: the pooled rate of its rank
     np.testing.assert_allclose(smooth_acceptance(table, weight, 0.0), table)
+
+
+def test_isotonic_fit_of_forward_times():
+    from eagle.autotree import isotonic
+
+    np.testing.assert_allclose(isotonic([93, 111, 100, 98, 105, 112, 123]), [93, 103, 103, 103, 105, 112, 123])
+    np.testing.assert_allclose(isotonic([1.0, 2.0, 3.0]), [1, 2, 3])
+    np.testing.assert_allclose(isotonic([3.0, 2.0, 1.0]), [2, 2, 2])
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # non-decreasing, same mean, and no worse than the running maximum in least squares
+        y = rng.normal(size=9).cumsum() + rng.normal(size=9)
+        f = isotonic(y)
+        assert np.all(np.diff(f) >= -1e-12) and np.isclose(f.sum(), y.sum())
+        assert ((f - y) ** 2).sum() <= ((np.maximum.accumulate(y) - y) ** 2).sum() + 1e-9
+    assert isotonic([]).shape == (0,)

@@ -87,9 +87,13 @@ class EaModel(nn.Module):
 
         On CPUs whose float32 sgemm is slow for a few rows, a target forward over a small tree then
         costs about one decode step, and the decode step itself gets faster; plain decoding uses the
-        same model. Logits agree with the eager ones within float rounding (~1e-4). Returns whether
-        packing is active (False where it is unavailable: nothing changes then).
+        same model. Logits agree with the eager ones within float rounding (~1e-4). The same switch
+        moves target and head from transformers' ``sdpa`` attention to
+        :func:`~eagle.model.cpu_attention.cpu_tree_sdpa` (grouped-query attention inside the kernel
+        under a tree mask instead of a copy of the KV cache per layer; same output bits) and back.
+        Returns whether packing is active (False where it is unavailable: nothing changes then).
         """
+        from .cpu_attention import CPU_TREE_SDPA, register
         from .packed_linear import pack_linears, unpack_linears
 
         unpack_linears(self.base_model)
@@ -99,6 +103,11 @@ class EaModel(nn.Module):
             pack_linears(self.ea_layer)
         self.drafter.lm_head = self.base_model.get_output_embeddings()
         self.drafter.packed = self.fast_cpu
+        frm, to = ("sdpa", register()) if self.fast_cpu else (CPU_TREE_SDPA, "sdpa")
+        if getattr(self.base_model.config, "_attn_implementation", None) == frm:
+            self.base_model.set_attn_implementation(to)
+        if getattr(self.ea_layer.config, "_attn_implementation", None) == frm:
+            self.ea_layer.config._attn_implementation = to
         return self.fast_cpu
 
     # ------------------------------------------------------------------ construction
