@@ -254,3 +254,21 @@ def test_features_cli_workers_split_the_shards_and_resume(tiny, tmp_path):
     assert redo["feature_shards_written"] == a["feature_shards_written"]
     with pytest.raises(SystemExit):
         Fe.main(common + ["--worker", "2/2"])
+
+
+def test_build_names_what_differs_from_the_plan(tmp_path, monkeypatch):
+    """A machine without an optional prompt source must not silently plan another pool: the error names it."""
+    pool = _pool()
+    stats = {"kinds": {}, "german_passages": 5, "chitchat_pairs": 0}
+    monkeypatch.setattr(C, "_build_pool", lambda args: (pool, dict(stats)))
+    prompts, spec = tmp_path / "p.json", tmp_path / "q.jsonl"
+    prompts.write_text("[]")
+    spec.write_text("")
+    run = tmp_path / "root" / "r"
+    run.mkdir(parents=True)
+    args = {"run": "r", "base": "default", "seed": 0, "shard_size": 32, "gen_batch": 16, "max_new": 256, "max_prompt": 1024}
+    (run / "plan.json").write_text(json.dumps({"args": args, "pool": len(pool) + 1, "kinds": {},
+                                               "german_passages": 5, "chitchat_pairs": 2065}))
+    with pytest.raises(SystemExit, match="chitchat_pairs: plan 2065, here 0.*pip install --no-deps chitchat-dataset"):
+        C.main(["build", "--run", "r", "--root", str(tmp_path / "root"), "--prompts", str(prompts),
+                "--specbench", str(spec), "--german-cache", str(tmp_path)])

@@ -304,8 +304,14 @@ def main(argv: list[str] | None = None) -> dict:
         same_args = all(old.get("args", {}).get(k) == info["args"][k] for k in keep)
         if not same_args or old.get("pool") != info["pool"] or old.get("pool_sha256", info["pool_sha256"]) != info[
                 "pool_sha256"]:
-            raise SystemExit(f"{plan_path} was made with other arguments or another prompt pool; "
-                             f"use a new --run name (old args: {old.get('args')})")
+            why = [f"{k}: plan {old.get(k)!r}, here {v!r}" for k, v in pool_stats.items()
+                   if k in ("german_passages", "chitchat_pairs", "kinds") and old.get(k) != v]
+            if old.get("chitchat_pairs") and not pool_stats.get("chitchat_pairs"):
+                why.append("the plan's chitchat prompts need the chitchat-dataset package: "
+                           "pip install --no-deps chitchat-dataset==0.9.0")
+            raise SystemExit(f"{plan_path} was made with other arguments or another prompt pool"
+                             + (f" ({'; '.join(why)})" if why else "")
+                             + f"; install what it used or use a new --run name (old args: {old.get('args')})")
         if "pool_sha256" not in old:
             old["pool_sha256"] = info["pool_sha256"]
             plan_path.write_text(json.dumps(old, indent=1))
