@@ -430,20 +430,44 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
         seeds: Iterable[int], *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
         tree: str = "2x5", max_new_tokens: int = 128, model_name: str = "default", head: Optional[str] = None,
         tokenizer=None, progress: bool = True, prompt_builder: Optional[Callable] = None, prompt_format=None,
-        run_info: Optional[dict] = None, tree_choices: Optional[list] = None) -> list[Path]:
+        run_info: Optional[dict] = None, tree_choices: Optional[list] = None,
+        interleave: bool = True) -> list[Path]:
     """Every (method, seed) pair with one loaded model; returns the answer files (see
-    :func:`answer_file_name`), which live in ``out_dir``. Provenance is computed once."""
+    :func:`answer_file_name`), which live in ``out_dir``. Provenance is computed once.
+
+    ``interleave`` (default): per seed, question by question, every method answers the question
+    before the next one starts (round-robin), so a machine that speeds up or slows down during the
+    run (shared CPUs do) moves every method's tokens/s alike and the speedups stay paired; the
+    progress bar then counts answers. False: each method answers all questions in turn (one
+    token-level bar per method). Files and records are the same either way.
+    """
+    from tqdm import tqdm
+
     if run_info is None:
         run_info = provenance(model, model_name, head, prompt_format)
     files = []
+    common = dict(temperature=temperature, top_p=top_p, top_k=top_k, tree=tree, max_new_tokens=max_new_tokens,
+                  model_name=model_name, head=head, tokenizer=tokenizer, prompt_builder=prompt_builder,
+                  prompt_format=prompt_format, run_info=run_info, tree_choices=tree_choices)
     for seed in seeds:
-        for method in methods:
-            p = Path(out_dir) / answer_file_name(method, temperature, tree, seed)
-            generate_answers(model, questions, p, method, temperature=temperature, top_p=top_p, top_k=top_k,
-                             tree=tree, seed=seed, max_new_tokens=max_new_tokens, model_name=model_name,
-                             head=head, tokenizer=tokenizer, progress=progress, prompt_builder=prompt_builder,
-                             prompt_format=prompt_format, run_info=run_info, tree_choices=tree_choices)
-            files.append(p)
+        paths = {m: Path(out_dir) / answer_file_name(m, temperature, tree, seed) for m in methods}
+        files.extend(paths.values())
+        if not interleave or len(paths) == 1:
+            for method, p in paths.items():
+                generate_answers(model, questions, p, method, seed=seed, progress=progress, **common)
+            continue
+        warmed: set = set()
+        bar = tqdm(total=len(questions) * len(paths), disable=not progress, unit="answer", dynamic_ncols=True,
+                   desc=f"{', '.join(paths)} interleaved T={_fmt_temp(temperature)} seed={seed}")
+        try:
+            for q in questions:
+                for method, p in paths.items():
+                    generate_answers(model, [q], p, method, seed=seed, progress=False,
+                                     warmup=method not in warmed, **common)
+                    warmed.add(method)
+                    bar.update(1)
+        finally:
+            bar.close()
     return files
 
 

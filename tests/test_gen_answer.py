@@ -134,3 +134,35 @@ def test_resolved_tree_choices_go_to_the_engine_label_to_the_files(tiny, tmp_pat
     assert G.resume_conflict(files[0], same) is None
     why = G.resume_conflict(files[0], dict(same, tree_choices=[[0], [1]]))
     assert why is not None and "tree_choices" in why
+
+
+def test_run_interleaves_methods_question_by_question(tiny, tmp_path):
+    """Round-robin: every method answers question i before any answers question i + 1 (machine drift is
+    shared); the records are the same as method-by-method."""
+    calls = []
+    orig_gen, orig_naive = tiny.eagenerate, tiny.naivegenerate
+
+    def spy(fn, name):
+        def wrapped(input_ids, *a, **k):
+            calls.append((name, int(input_ids.shape[-1])))
+            return fn(input_ids, *a, **k)
+        return wrapped
+
+    tiny.eagenerate, tiny.naivegenerate = spy(orig_gen, "spec"), spy(orig_naive, "naive")
+    try:
+        kw = dict(temperature=1.0, tree="2x2", max_new_tokens=5, tokenizer=_CharTok(), progress=False)
+        a = G.run(tiny, QUESTIONS, tmp_path / "a", ["naive", "rrsw"], [0], **kw)
+        order = [n for n, _ in calls]
+        calls.clear()
+        b = G.run(tiny, QUESTIONS, tmp_path / "b", ["naive", "rrsw"], [0], interleave=False, **kw)
+        order_b = [n for n, _ in calls]
+    finally:
+        del tiny.eagenerate, tiny.naivegenerate
+    switches = sum(x != y for x, y in zip(order, order[1:]))
+    assert switches >= len(QUESTIONS) and sum(x != y for x, y in zip(order_b, order_b[1:])) == 1
+    for fa, fb in zip(a, b):
+        ra, rb = _lines(fa), _lines(fb)
+        assert [r["question_id"] for r in ra] == [r["question_id"] for r in rb] == [q["question_id"] for q in QUESTIONS]
+        assert [r["choices"][0]["turns"] for r in ra] == [r["choices"][0]["turns"] for r in rb]
+    assert G.run(tiny, QUESTIONS, tmp_path / "a", ["naive", "rrsw"], [0], **kw) == a  # resumed: nothing new
+    assert [len(_lines(f)) for f in a] == [len(QUESTIONS)] * 2
