@@ -462,9 +462,9 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
         try:
             for q in questions:
                 for method, p in paths.items():
-                    generate_answers(model, [q], p, method, seed=seed, progress=False,
-                                     warmup=method not in warmed, **common)
-                    warmed.add(method)
+                    if generate_answers(model, [q], p, method, seed=seed, progress=False,
+                                        warmup=method not in warmed, **common):
+                        warmed.add(method)  # resuming: warm up before the first question actually answered
                     bar.update(1)
         finally:
             bar.close()

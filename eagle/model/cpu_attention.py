@@ -19,6 +19,7 @@ no grouped heads, an accelerator, dropout, gradients, position bias, softcap) is
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 __all__ = ["CPU_TREE_SDPA", "cpu_tree_sdpa", "register"]
 
@@ -40,8 +41,6 @@ def cpu_tree_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.T
     Returns:
         ``(attn_output [B, n, heads, D], None)``, as ``sdpa_attention_forward`` returns.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
     if (attention_mask is None or groups == 1 or query.device.type != "cpu" or dropout
             or attention_mask.dim() != 4 or kwargs.get("position_bias") is not None
