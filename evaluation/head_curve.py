@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -192,7 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                              "--per-category", str(args.per_category),
                              "--contexts-per-question", str(args.contexts_per_question), "--draft-vocab", "off",
                              "--answers", args.reference, "--question-file", args.question_file,
-                             "--threads", str(args.threads), "--no-progress", "--out", str(out / "exact" / h["label"])])
+                             "--threads", str(args.threads), "--no-progress", "--out", str(out / "exact" / re.sub(r"[^\w.-]+", "_", h["label"]))])
         row = next(r for r in ex["rows"] if r["method"] == args.method)
         exact[h["label"]] = {**row["tau"], "avg": row["avg_tau"]}
         meta = ex
