@@ -82,6 +82,8 @@ def curve_rows(heads: Sequence[dict], heldout: dict, exact: dict) -> list[dict]:
 
 def render_curve(res: dict) -> str:
     """Markdown: one row per head (tokens, top-1 / top-4 per depth, exact tau avg ± SE and per group)."""
+    from evaluation.tables import _cell
+
     rows, depths, groups = res["rows"], res["depths"], res["groups"]
     hd = (["head", "train answer tokens"] + [f"top-1 d{d}" for d in range(1, depths + 1)]
           + [f"top-4 d{d}" for d in range(1, depths + 1)] + [f"τ {g}" for g in groups] + ["τ avg"])
@@ -92,13 +94,10 @@ def render_curve(res: dict) -> str:
              "± = bootstrap SE over questions)", "",
              "| " + " | ".join(hd) + " |", "|---|" + "---:|" * (len(hd) - 1)]
 
-    def cell(s):
-        return "-" if s is None else (f"{s['mean']:.3f}" + (f" ± {s['se']:.3f}" if s.get("se") is not None else ""))
-
     for r in rows:
         t = r["exact_tau"]
         cells = ([r["label"], f"{r['tokens']:,}"] + [f"{x:.3f}" for x in r["top1_by_depth"]]
-                 + [f"{x:.3f}" for x in r["top4_by_depth"]] + [cell(t.get(g)) for g in groups] + [cell(t["avg"])])
+                 + [f"{x:.3f}" for x in r["top4_by_depth"]] + [_cell(t.get(g), 3) for g in groups] + [_cell(t["avg"], 3)])
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Took {res['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
@@ -173,14 +172,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             ap.error(f"{flag} {path}: no such file")
     if args.per_category < 1 or args.contexts_per_question < 1 or args.max_records < 1 or args.depths < 1:
         ap.error("--per-category, --contexts-per-question, --max-records and --depths must be >= 1")
-    import torch
-
     from eagle.train.heldout import main as heldout_main
 
     from evaluation import exact_tau
 
     t0 = time.time()
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     held = heldout_main(["--heads", ",".join(h["path"] for h in heads), "--corpus", args.corpus,
