@@ -21,6 +21,11 @@ with its numbers:
 6. ``cycle_7b``: Vicuna-7B-shaped float16 target (random weights) + matching EAGLE-1 head, a 512-token
    context: time of one draft, one tree forward and one verification step per method, on 2x5 and
    mc_sim_7b_63, each the median of CUDA-event timings.
+7. ``head_training``: the head-training route (:mod:`eagle.train`) on the device: batched greedy
+   generation of a tiny float32 target (``eagle.train.data._generate``) against the CPU's (equal
+   answers counted), feature recompute (``eagle.train.features.build_feature_shard``) within 2e-3 of
+   the CPU's, then multi-step training steps (``unrolled_loss``, depth 3, feature noise and CE subsets
+   drawn with a device generator): the loss must fall and the depth-wise evaluation must run.
 
 Output: ``device_check.json`` and ``device_check.md`` (a table) under ``--out`` (default ``$OUT`` if set,
 else ``runs/device_check``); exit status 1 when a check failed.
@@ -290,6 +295,66 @@ def check_cycle_7b(device, model, dry: bool):
 
 
 # ---------------------------------------------------------------------- driver
+def check_head_training(device, dry: bool):
+    """Generation, feature recompute and multi-step head training of :mod:`eagle.train` on ``device``."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eagle.train import features as Fe
+    from eagle.train import train as T
+    from eagle.train.data import _generate
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    torch.manual_seed(0)
+    cpu_model = LlamaForCausalLM(cfg).eval()
+    dev_model = LlamaForCausalLM(cfg).eval()
+    dev_model.load_state_dict(cpu_model.state_dict())
+    dev_model.to(device)
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=2)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in (5, 9, 7, 12)]
+    with torch.no_grad():
+        a_cpu = _generate(cpu_model, tok, prompts, 16, False, 1.0, 0)
+        a_dev = _generate(dev_model, tok, prompts, 16, False, 1.0, 0)
+    recs = [{"turns": [{"prompt_ids": p, "answer_ids": a}]} for p, a in zip(prompts, a_cpu)]
+    f_cpu = Fe.build_feature_shard(cpu_model, recs, max_len=256, batch_tokens=64, pad_id=0)
+    f_dev = Fe.build_feature_shard(dev_model, recs, max_len=256, batch_tokens=64, pad_id=0)
+    feat_err = float((f_cpu["hidden"].float() - f_dev["hidden"].float()).abs().max())
+    out = {"answers_equal": sum(int(x == y) for x, y in zip(a_cpu, a_dev)), "answers": len(prompts),
+           "features_on_cpu": f_dev["hidden"].device.type == "cpu", "feature_max_abs_err": feat_err}
+    hcfg = head_config_from_base(cfg, bias=True)
+    hcfg._attn_implementation = "sdpa"
+    head = EagleHead(hcfg, with_embeddings=False)
+    emb = dev_model.get_input_embeddings()
+    head.tie_embeddings(emb)
+    head.to(device)
+    lm_w = dev_model.get_output_embeddings().weight.detach().float()
+    off = f_cpu["offsets"].tolist()
+    seqs = [{"ids": f_cpu["input_ids"][a:b].long(), "mask": f_cpu["loss_mask"][a:b].bool(),
+             "hidden": f_cpu["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = [p for n, p in head.named_parameters() if p.requires_grad and not n.startswith("embed_tokens")]
+    opt = torch.optim.AdamW(params, lr=3e-3)
+    losses = []
+    with torch.enable_grad():
+        head.train()
+        for _ in range(10 if dry else 30):
+            loss, _st = T.unrolled_loss(head, lm_w, *T.collate(seqs, list(range(len(seqs))), device), steps=3,
+                                        noise=0.1, ce_frac=0.5, generator=gen, w_tv=0.2)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    ev = T.evaluate(head, lm_w, seqs, 4096, depths=3)
+    out.update(first_loss=losses[0], last_loss=losses[-1], eval_top1_by_depth=ev["acc_by_depth"])
+    ok = (out["features_on_cpu"] and feat_err <= 2e-3 and losses[-1] < 0.9 * losses[0]
+          and len(ev["acc_by_depth"]) == 3)
+    return ok, out
+
+
 def table(results: dict) -> str:
     lines = ["| check | ok | seconds | summary |", "|---|---|---|---|"]
     for name, r in results["checks"].items():
@@ -318,6 +383,9 @@ def _summary(name, detail) -> str:
         return f"{len(detail)} cases, worst |law err| {worst[1]['max_abs_err']:.2e} ({worst[0]})"
     if name.startswith("seeded"):
         return ", ".join(f"{k}: tau {v['tau']:.2f}" for k, v in detail.items())
+    if name == "head_training":
+        return (f"answers equal {detail['answers_equal']}/{detail['answers']}, |feature err| "
+                f"{detail['feature_max_abs_err']:.1e}, loss {detail['first_loss']:.3f} -> {detail['last_loss']:.3f}")
     return ""
 
 
@@ -375,6 +443,7 @@ def main(argv=None) -> int:
         run("cycle_7b", lambda: check_cycle_7b(device, big_model(), args.dry_run))
         run("seeded_7b", lambda: check_seeded(device, big_model(), "7b", 8 if args.dry_run else 32))
         run("bench_verify", lambda: check_bench_verify(device, args.dry_run))
+        run("head_training", lambda: check_head_training(device, args.dry_run))
     results["seconds"] = time.perf_counter() - t_start
     (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
     md = table(results)

@@ -13,7 +13,11 @@ Record::
     {"uid": "translation-17", "source": "fortunes-de", "kind": "translation", "split": "train",
      "messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
      "turns": [{"prompt_ids": [int, ...], "answer_ids": [int, ...], "stopped_eos": bool}, ...],
-     "temperature": 0.0, "top_p": 1.0, "seed": int, "max_new_tokens": 256, "model": "..."}
+     "temperature": 0.0, "top_p": 1.0, "seed": int, "max_new_tokens": 256, "model": "...",
+     "linears": "onednn-packed" | "eager", "device": "cpu" | "cuda"}
+
+(``linears`` and ``device`` say which kernels generated the answers; records without ``device``
+were generated on the CPU.)
 
 ``turns[t].prompt_ids`` is the chat-template encoding of the conversation up to user turn t (with
 the generation prompt), exactly what the target saw; ``answer_ids`` is what it generated (ending with
@@ -156,7 +160,8 @@ def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_b
         if not r["turns"]:
             continue
         r.update({"temperature": temp, "top_p": 1.0, "seed": seed, "max_new_tokens": max_new, "model": model_name,
-                  "user_turns_planned": len(user), "linears": linears})
+                  "user_turns_planned": len(user), "linears": linears,
+                  "device": next(model.parameters()).device.type})
         out.append(r)
     return out
 
@@ -241,7 +246,7 @@ def stats(root: str | os.PathLike = DEFAULT_ROOT) -> dict:
 # ------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point (see the module docstring); returns a summary dict."""
-    from .data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH, add_fast_cpu_argument
+    from .data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH, add_device_argument, add_fast_cpu_argument
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -265,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
     b.add_argument("--split", choices=("train", "heldout"), default=None,
                    help="build only shards of this split (e.g. the held-out shards first, for measuring heads)")
     add_fast_cpu_argument(b)
+    add_device_argument(b, dtype=True)
     s = sub.add_parser("stats", help="print corpus totals")
     s.add_argument("--root", default=str(DEFAULT_ROOT))
     args = ap.parse_args(argv)
@@ -272,9 +278,10 @@ def main(argv: list[str] | None = None) -> dict:
         out = stats(args.root)
         print(json.dumps(out, indent=1))
         return out
-    from .data import parse_worker
+    from .data import parse_device, parse_worker
 
     worker, n_workers = parse_worker(ap, args.worker)
+    device = parse_device(ap, args.device)
     for flag, val in (("--shard-size", args.shard_size), ("--gen-batch", args.gen_batch), ("--max-new", args.max_new),
                       ("--max-prompt", args.max_prompt), ("--threads", args.threads)):
         if val < 1:
@@ -319,9 +326,9 @@ def main(argv: list[str] | None = None) -> dict:
         tmp = plan_path.with_name("plan.json.tmp")
         tmp.write_text(json.dumps(info, indent=1))
         os.replace(tmp, plan_path)
-    from .data import linears_of, load_base
+    from .data import DTYPES, linears_of, load_base
 
-    model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on")
+    model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on", device=device, dtype=DTYPES[args.dtype])
     linears = linears_of(model)
     model_name = "SmolLM2-135M-Instruct" if args.base == "default" else args.base
     summary = build(shards, out, model, tok, worker=worker, n_workers=n_workers, max_new=args.max_new,

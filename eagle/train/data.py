@@ -48,7 +48,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["load_alpaca", "normalise", "dedupe_against_specbench", "plan_shards", "build_shard",
-           "load_shards", "load_base", "main"]
+           "load_shards", "load_base", "DTYPES", "add_fast_cpu_argument", "add_device_argument", "parse_device",
+           "parse_worker", "main"]
 
 #: ``shared/`` next to the repository checkout (the team's data folder; pass --prompts / --specbench otherwise)
 SHARED = Path(__file__).resolve().parents[3] / "shared"
@@ -167,12 +168,14 @@ def plan_shards(records: list[dict], n_gen: int, n_fixed: int, shard_size: int, 
 
 
 # ---------------------------------------------------------------------------------------- target
-def load_base(base: str, fast_cpu: bool = False):
-    """(model float32 eval, tokenizer) for a HF causal-LM path / hub id, or ``"default"``.
+def load_base(base: str, fast_cpu: bool = False, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """(model in eval mode on ``device``, tokenizer) for a HF causal-LM path / hub id, or ``"default"``.
 
     ``fast_cpu``: on the CPU, swap the linears for oneDNN pre-packed ones
     (:mod:`eagle.model.packed_linear`; logits within 1e-4, measured here ~1.75-1.8x the tokens/s of
     batched generation and of feature recompute); :func:`linears_of` says which kernels a model runs.
+    ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``; :func:`parse_device` checks a CLI value) and
+    ``dtype`` (float32 by default; features are stored as float16 either way) place the weights.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -181,8 +184,8 @@ def load_base(base: str, fast_cpu: bool = False):
 
         base = str(default_base_folder())
     tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    if fast_cpu and next(model.parameters()).device.type == "cpu":
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
+    if fast_cpu and next(model.parameters()).device.type == "cpu" and dtype == torch.float32:
         from eagle.model.packed_linear import pack_linears
 
         pack_linears(model)
@@ -226,8 +229,9 @@ def _generate(model, tok, prompts: list[list[int]], max_new: int, sample: bool, 
         ids[i, L - len(p):] = torch.tensor(p)
         att[i, L - len(p):] = 1
     kw = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
-    torch.manual_seed(seed)
-    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new, pad_token_id=pad,
+    torch.manual_seed(seed)  # seeds the CPU and every CUDA generator
+    dev = next(model.parameters()).device
+    out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new, pad_token_id=pad,
                          eos_token_id=eos, **kw)
     res = []
     for row in out[:, L:].tolist():
@@ -239,14 +243,16 @@ def _generate(model, tok, prompts: list[list[int]], max_new: int, sample: bool, 
 
 @torch.no_grad()
 def _hidden(model, seqs: list[list[int]], pad: int) -> list[torch.Tensor]:
-    """Last hidden state after the final norm, float32 ``[len(seq), H]`` per sequence (right padding)."""
+    """Last hidden state after the final norm, ``[len(seq), H]`` per sequence (right padding), in the
+    model's dtype on the model's device."""
     L = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), L), pad, dtype=torch.long)
     att = torch.zeros((len(seqs), L), dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         att[i, :len(s)] = 1
-    h = model.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+    dev = next(model.parameters()).device
+    h = model.get_decoder()(input_ids=ids.to(dev), attention_mask=att.to(dev)).last_hidden_state
     return [h[i, :len(s)] for i, s in enumerate(seqs)]
 
 
@@ -286,7 +292,7 @@ def build_shard(model, tok, shard: dict, *, max_new: int, max_len: int, gen_batc
             j += 1
         grp = order[i:j]
         for k, h in zip(grp, _hidden(model, [seqs[k] for k in grp], pad)):
-            hidden[k] = h.to(torch.float16)
+            hidden[k] = h.to("cpu", torch.float16)
         i = j
     offsets = [0]
     for s in seqs:
@@ -317,6 +323,37 @@ def add_fast_cpu_argument(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fast-cpu", choices=("on", "off"), default="on",
                     help="oneDNN pre-packed float32 linears on the CPU (eagle.model.packed_linear): ~1.75x the "
                          "tokens/s here, logits within 1e-4 of eager (default on)")
+
+
+#: ``--dtype`` names -> torch dtypes (target weights for generation / feature recompute)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_device_argument(ap: argparse.ArgumentParser, dtype: bool = False) -> None:
+    """``--device auto|cpu|cuda|cuda:N`` (default auto: CUDA when present; :func:`parse_device` checks
+    it) and, with ``dtype``, ``--dtype float32|bfloat16|float16`` for the target's weights."""
+    ap.add_argument("--device", default="auto",
+                    help="auto (cuda when available, else cpu) | cpu | cuda | cuda:N")
+    if dtype:
+        ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="target weights (default float32; float16 / bfloat16 for large targets on a GPU)")
+
+
+def parse_device(ap: argparse.ArgumentParser, spec: str) -> str:
+    """``--device`` value -> ``"cpu"`` or ``"cuda:N"``; a malformed value or a CUDA device that is not
+    there exits through ``ap.error`` (one line naming ``--device``) before any work starts."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(spec)):
+        ap.error(f"--device: use auto, cpu, cuda or cuda:N, got {spec!r}")
+    if spec == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        ap.error(f"--device: {spec} requested but CUDA is not available (use --device cpu)")
+    idx = int(spec.split(":")[1]) if ":" in spec else 0
+    if idx >= torch.cuda.device_count():
+        ap.error(f"--device: {spec}, but only {torch.cuda.device_count()} CUDA device(s)")
+    return f"cuda:{idx}"
 
 
 def parse_worker(ap: argparse.ArgumentParser, spec: str) -> tuple[int, int]:

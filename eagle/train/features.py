@@ -12,7 +12,9 @@ cut to ``--max-len`` tokens). Train and held-out records go to ``OUT/train/`` an
 Features take ~1.1 KB per token (H = 576, float16), so they are cached on local disk, never
 committed; a feature shard newer than its corpus shard and cut at the same ``--max-len`` is reused, so a rerun only adds the new ones.
 ``--worker I/N`` encodes every N-th corpus shard, so N one-thread processes fill one cache together
-(on 2 cores two one-thread workers beat one two-thread process).
+(on 2 cores two one-thread workers beat one two-thread process). ``--device cuda`` (the default
+``auto`` picks it when present) runs the target there (``--dtype`` float16 / bfloat16 for large
+targets); the features are copied back and stored as float16 either way.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
             j += 1
         grp = order[i:j]
         for k, h in zip(grp, _hidden(model, [seqs[k][0] for k in grp], pad_id)):
-            hidden[k] = h.to(torch.float16)
+            hidden[k] = h.to("cpu", torch.float16)
         i = j
     offsets = [0]
     for s, _ in seqs:
@@ -92,11 +94,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-shards", type=int, default=0, help="at most this many corpus shards (0: all)")
     ap.add_argument("--worker", default="0/1",
                     help="I/N: encode only the corpus shards at positions I mod N (N one-thread processes share a run)")
-    from .data import add_fast_cpu_argument, parse_worker
+    from .data import DTYPES, add_device_argument, add_fast_cpu_argument, parse_device, parse_worker
 
     add_fast_cpu_argument(ap)
+    add_device_argument(ap, dtype=True)
     args = ap.parse_args(argv)
     worker, n_workers = parse_worker(ap, args.worker)
+    device = parse_device(ap, args.device)
     corpus = Path(args.corpus)
     shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
     if not shards:
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     from .data import _pad_id, linears_of, load_base
 
     torch.set_num_threads(args.threads)
-    model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on")
+    model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on", device=device, dtype=DTYPES[args.dtype])
     pad = _pad_id(tok)
     out = Path(args.out)
     t0, n_tok, n_new = time.time(), 0, 0
@@ -132,12 +136,14 @@ def main(argv: list[str] | None = None) -> dict:
             tensors = build_feature_shard(model, part, max_len=args.max_len, batch_tokens=args.batch_tokens, pad_id=pad)
             tmp = dest.with_name(dest.name + ".tmp")
             save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name,
-                                                   "max_len": str(args.max_len)})
+                                                   "max_len": str(args.max_len), "device": device,
+                                                   "dtype": args.dtype})
             os.replace(tmp, dest)
             n_tok += int(tensors["input_ids"].numel())
             n_new += 1
         bar.set_postfix(tokens=n_tok, tok_s=round(n_tok / max(time.time() - t0, 1e-9)))
     summary = {"corpus_shards": len(shards), "feature_shards_written": n_new, "tokens": n_tok, "linears": linears_of(model),
+               "device": device, "dtype": args.dtype,
                "seconds": round(time.time() - t0, 1), "tokens_per_s": round(n_tok / max(time.time() - t0, 1e-9), 1)}
     print(json.dumps(summary))
     return summary

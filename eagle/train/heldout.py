@@ -60,7 +60,7 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
     w = model.get_output_embeddings().weight.detach().float()
     out = {}
     for h in heads:
-        head = EagleHead.from_pretrained(h, embedding=emb).float()
+        head = EagleHead.from_pretrained(h, embedding=emb).float().to(w.device)
         out[h] = evaluate(head, w, seqs, batch_tokens, depths=depths)
     return out
 
@@ -68,7 +68,7 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; prints a table and returns the results dict."""
     from .corpus import DEFAULT_ROOT
-    from .data import _pad_id, load_base
+    from .data import _pad_id, add_device_argument, load_base, parse_device
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heads", required=True, help="comma-separated head folders (public EAGLE-1 layout)")
@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="only held-out records generated at this temperature (0 greedy, 1 sampled; default all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="", help="also write the results here")
+    add_device_argument(ap)
     args = ap.parse_args(argv)
+    device = parse_device(ap, args.device)
     heads = [h for h in args.heads.split(",") if h]
     for h in heads:
         if not (Path(h) / "config.json").is_file():
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--depths and --max-records must be >= 1")
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    model, tok = load_base(args.base)
+    model, tok = load_base(args.base, device=device)
     seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok), temperature=args.temperature)
     res = evaluate_heads(heads, seqs, model, args.depths)
     summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature, "sequences": len(seqs),

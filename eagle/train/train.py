@@ -37,6 +37,11 @@ decay to ``--min-lr-ratio``; progress = max(step / total steps, elapsed / --max-
 time-budgeted run still finishes its decay. Gradients clipped to ``--clip``. Checkpoints in the
 public EAGLE-1 layout (``EagleHead.save_pretrained``: ``config.json`` + float16
 ``model.safetensors`` without ``embed_tokens``) plus ``train_log.json``.
+
+``--device`` (auto | cpu | cuda | cuda:N; default auto = CUDA when present) holds the head, the frozen
+embeddings and lm_head; batches are collated on the CPU from the feature cache and copied there, and the
+noise / CE subsets are drawn with a generator on that device (``train(args)`` without ``args.device``:
+the CPU).
 """
 from __future__ import annotations
 
@@ -110,9 +115,11 @@ def make_batches(seqs: list[dict], batch_tokens: int, rng: random.Random, pool: 
     return batches
 
 
-def collate(seqs: list[dict], idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(seqs: list[dict], idx: list[int], device: str | torch.device = "cpu"
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded batch: ids int64 ``[B, L]`` (pad 0), hidden float32 ``[B, L, H]`` (pad 0),
-    mask bool ``[B, L]`` (response token; False on padding)."""
+    mask bool ``[B, L]`` (response token; False on padding), on ``device`` (assembled on the CPU,
+    where the cached features live, then copied)."""
     L = max(len(seqs[i]["ids"]) for i in idx)
     H = seqs[idx[0]]["hidden"].shape[-1]
     ids = torch.zeros(len(idx), L, dtype=torch.long)
@@ -123,6 +130,8 @@ def collate(seqs: list[dict], idx: list[int]) -> tuple[torch.Tensor, torch.Tenso
         ids[r, :n] = seqs[i]["ids"]
         hid[r, :n] = seqs[i]["hidden"].float()
         mask[r, :n] = seqs[i]["mask"]
+    if torch.device(device).type != "cpu":
+        return ids.to(device), hid.to(device), mask.to(device)
     return ids, hid, mask
 
 
@@ -145,7 +154,7 @@ def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Ten
     n = int(p.shape[0])
     if ce_frac < 1.0:  # unbiased estimate on a random subset of the positions
         k = max(1, int(round(n * ce_frac)))
-        pick = torch.randperm(n, generator=generator)[:k]
+        pick = torch.randperm(n, generator=generator, device=p.device)[:k]
         p, tgt = p[pick], tgt[pick]
     with torch.no_grad():
         t_logits = tgt @ lm_head_w.T                       # [N, V']
@@ -184,7 +193,7 @@ def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid:
     """
     feat_in = hid[:, :-1]
     if noise > 0:
-        feat_in = feat_in + (torch.rand(feat_in.shape, generator=generator) * 2 - 1) * noise
+        feat_in = feat_in + (torch.rand(feat_in.shape, generator=generator, device=feat_in.device) * 2 - 1) * noise
     pred = head(ids[:, 1:], feat_in)                       # [B, L-1, H] predicted f_{t+1}
     sel = mask[:, 1:]                                      # x_{t+1} is a response token
     p = pred[sel]                                          # [N, H]
@@ -275,7 +284,7 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
         raise ValueError(f"steps must be >= 1, got {steps}")
     feat = hid[:, :-1]
     if noise > 0:
-        feat = feat + (torch.rand(feat.shape, generator=generator) * 2 - 1) * noise
+        feat = feat + (torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1) * noise
     outs = unrolled_features(head, ids[:, 1:], feat, steps)
     tgt_all = hid[:, 1:]
     total = feat.sum() * 0.0
@@ -306,7 +315,8 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
 @torch.no_grad()
 def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_tokens: int,
              w_reg: float = 1.0, w_ce: float = 0.1, depths: int = 1, w_tv: float = 0.0) -> dict:
-    """Held-out loss / top-1 over all counted positions of ``seqs`` (no noise), position-weighted.
+    """Held-out loss / top-1 over all counted positions of ``seqs`` (no noise), position-weighted, on
+    ``lm_head_w``'s device (``head`` must be there too).
 
     With ``depths > 1`` the head is unrolled on its own features (:func:`unrolled_loss`) and the
     result also holds ``acc_by_depth`` / ``top4_by_depth`` / ``n_by_depth`` for draft depths
@@ -319,7 +329,7 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
     top_d = [0.0] * depths
     n_d = [0] * depths
     for idx in make_batches(seqs, batch_tokens, random.Random(0)):
-        ids, hid, mask = collate(seqs, idx)
+        ids, hid, mask = collate(seqs, idx, lm_head_w.device)
         if depths > 1:
             _, st = unrolled_loss(head, lm_head_w, ids, hid, mask, steps=depths, noise=0.0, w_reg=w_reg, w_ce=w_ce,
                                   w_tv=w_tv)
@@ -366,9 +376,11 @@ def train(args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
+    device = getattr(args, "device", "cpu") or "cpu"
+    gen = torch.Generator(device=device).manual_seed(args.seed)  # noise and CE subsets, drawn on the device
     t0 = time.time()
     cfg, emb, lm_w = _load_target_parts(args.base)
+    emb, lm_w = emb.to(device), lm_w.to(device)
     d2t, dv_meta, lm_w_loss = None, {}, lm_w
     if args.draft_vocab:  # train the distribution terms on the rows the drafter will use
         from eagle.model.head import DRAFT_VOCAB_FILE
@@ -390,7 +402,7 @@ def train(args) -> dict:
                 or bool((d2t[1:] <= d2t[:-1]).any())):
             raise ValueError(f"--draft-vocab {dv_file}: d2t must be strictly increasing target ids in "
                              f"[0, {lm_w.shape[0]})")
-        lm_w_loss = lm_w[d2t].contiguous()
+        lm_w_loss = lm_w[d2t.to(device)].contiguous()
     folders = [d for d in args.data.split(",") if d]
     if args.val_data_exclusive and not args.val_data:
         raise ValueError("--val-data-exclusive needs --val-data (the held-out folders)")
@@ -426,6 +438,7 @@ def train(args) -> dict:
     else:
         head = EagleHead(head_cfg, with_embeddings=False)
     head.tie_embeddings(emb)
+    head.to(device)
     params = [p for n, p in head.named_parameters() if p.requires_grad and not n.startswith("embed_tokens")]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
 
@@ -486,11 +499,11 @@ def train(args) -> dict:
             for g in opt.param_groups:
                 g["lr"] = lr
             if args.unroll > 1:
-                loss, st = unrolled_loss(head, lm_w_loss, *collate(tr, idx), steps=args.unroll, decay=args.unroll_decay,
+                loss, st = unrolled_loss(head, lm_w_loss, *collate(tr, idx, device), steps=args.unroll, decay=args.unroll_decay,
                                          noise=args.noise, w_reg=args.w_reg, w_ce=args.w_ce, ce_frac=args.ce_frac,
                                          generator=gen, w_tv=args.w_tv)
             else:
-                loss, st = eagle_loss(head, lm_w_loss, *collate(tr, idx), noise=args.noise, w_reg=args.w_reg,
+                loss, st = eagle_loss(head, lm_w_loss, *collate(tr, idx, device), noise=args.noise, w_reg=args.w_reg,
                                       w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -576,7 +589,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    return train(ap.parse_args(argv))
+    from eagle.train.data import add_device_argument, parse_device
+
+    add_device_argument(ap)
+    args = ap.parse_args(argv)
+    args.device = parse_device(ap, args.device)
+    return train(args)
 
 
 if __name__ == "__main__":
