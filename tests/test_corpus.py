@@ -190,15 +190,20 @@ def test_unroll_mask_rows():
     assert m[1].nonzero().flatten().tolist() == [10 + 1]  # no committed context: only itself
 
 
-def test_unrolled_loss_depth1_matches_eagle_loss_and_decreases_when_training():
-    head = _tiny_head().train()
+def _tiny_batch(B=3, L=10, H=16, V=23):
+    """(ids [B, L], hid float32 [B, L, H], mask bool [B, L] (response from position 4), lm_head W [V, H])."""
     g = torch.Generator().manual_seed(2)
-    B, L, H, V = 3, 10, 16, 23
     ids = torch.randint(0, V, (B, L), generator=g)
     hid = torch.randn(B, L, H, generator=g)
     mask = torch.zeros(B, L, dtype=torch.bool)
     mask[:, 4:] = True
-    W = torch.randn(V, H, generator=g)
+    return ids, hid, mask, torch.randn(V, H, generator=g)
+
+
+def test_unrolled_loss_depth1_matches_eagle_loss_and_decreases_when_training():
+    head = _tiny_head().train()
+    B = 3
+    ids, hid, mask, W = _tiny_batch(B)
     l1, s1 = T.eagle_loss(head, W, ids, hid, mask)
     l2, s2 = T.unrolled_loss(head, W, ids, hid, mask, steps=1)
     torch.testing.assert_close(l1, l2, atol=1e-5, rtol=1e-5)

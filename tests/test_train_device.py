@@ -14,7 +14,7 @@ from eagle.train import heldout as Ho
 from eagle.train import train as T
 from eagle.train.data import add_device_argument, parse_device
 
-from test_corpus import _pool, _tiny_head, tiny  # noqa: F401  (fixture)
+from test_corpus import _pool, _tiny_batch, _tiny_head, tiny  # noqa: F401  (fixture)
 from test_train import tiny_base  # noqa: F401  (fixture)
 
 CUDA = torch.cuda.is_available()
@@ -79,13 +79,7 @@ def test_collate_places_the_batch_on_the_device():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_unrolled_loss_on_cuda_matches_cpu():
     head = _tiny_head().train()
-    g = torch.Generator().manual_seed(2)
-    B, L, H, V = 3, 10, 16, 23
-    ids = torch.randint(0, V, (B, L), generator=g)
-    hid = torch.randn(B, L, H, generator=g)
-    mask = torch.zeros(B, L, dtype=torch.bool)
-    mask[:, 4:] = True
-    W = torch.randn(V, H, generator=g)
+    ids, hid, mask, W = _tiny_batch()
     l_cpu, _ = T.unrolled_loss(head, W, ids, hid, mask, steps=3, w_tv=0.3)
     head.cuda()
     l_dev, _ = T.unrolled_loss(head, W.cuda(), ids.cuda(), hid.cuda(), mask.cuda(), steps=3, w_tv=0.3)
