@@ -302,16 +302,11 @@ def check_out_dir(out: str) -> Path:
 
 def check_device(device: str, dtype: str) -> tuple[str, str]:
     """``--device`` auto|cpu|cuda|cuda:N (CUDA must be present) and ``--dtype`` auto|float16|bfloat16|float32."""
-    import torch
+    from eagle.model.device import device_problem
 
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(device)):
-        raise UsageError("--device", f"use auto, cpu, cuda or cuda:N, got {device!r}")
-    if str(device).startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError("--device", f"{device} requested but CUDA is not available")
-        idx = int(device.split(":")[1]) if ":" in device else 0
-        if idx >= torch.cuda.device_count():
-            raise UsageError("--device", f"{device}: only {torch.cuda.device_count()} CUDA device(s)")
+    why = device_problem(device)
+    if why:
+        raise UsageError("--device", why)
     if dtype not in ("auto", "float16", "fp16", "bfloat16", "bf16", "float32", "fp32"):
         raise UsageError("--dtype", f"use auto, float16, bfloat16 or float32, got {dtype!r}")
     return device, dtype

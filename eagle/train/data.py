@@ -342,18 +342,14 @@ def add_device_argument(ap: argparse.ArgumentParser, dtype: bool = False) -> Non
 def parse_device(ap: argparse.ArgumentParser, spec: str) -> str:
     """``--device`` value -> ``"cpu"`` or ``"cuda:N"``; a malformed value or a CUDA device that is not
     there exits through ``ap.error`` (one line naming ``--device``) before any work starts."""
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(spec)):
-        ap.error(f"--device: use auto, cpu, cuda or cuda:N, got {spec!r}")
+    from eagle.model.device import device_problem
+
+    why = device_problem(spec)
+    if why:
+        ap.error(f"--device: {why}")
     if spec == "auto":
         return "cuda:0" if torch.cuda.is_available() else "cpu"
-    if spec == "cpu":
-        return "cpu"
-    if not torch.cuda.is_available():
-        ap.error(f"--device: {spec} requested but CUDA is not available (use --device cpu)")
-    idx = int(spec.split(":")[1]) if ":" in spec else 0
-    if idx >= torch.cuda.device_count():
-        ap.error(f"--device: {spec}, but only {torch.cuda.device_count()} CUDA device(s)")
-    return f"cuda:{idx}"
+    return "cpu" if spec == "cpu" else f"cuda:{int(spec.split(':')[1]) if ':' in spec else 0}"
 
 
 def parse_worker(ap: argparse.ArgumentParser, spec: str) -> tuple[int, int]:

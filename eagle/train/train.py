@@ -130,9 +130,7 @@ def collate(seqs: list[dict], idx: list[int], device: str | torch.device = "cpu"
         ids[r, :n] = seqs[i]["ids"]
         hid[r, :n] = seqs[i]["hidden"].float()
         mask[r, :n] = seqs[i]["mask"]
-    if torch.device(device).type != "cpu":
-        return ids.to(device), hid.to(device), mask.to(device)
-    return ids, hid, mask
+    return ids.to(device), hid.to(device), mask.to(device)
 
 
 def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Tensor, ce_frac: float,
