@@ -11,7 +11,9 @@
 #    held-out = the corpus's held-out split (never trained on; 96 of its sequences are evaluated every
 #    20 min, top-1/top-4 per depth 1..5: a full-vocabulary evaluation of all of them would cost minutes);
 # 3. the held-out comparison of the new head against INIT (eagle.train.heldout).
-# MAX_LEN (default 768) tokens per sequence. Budgets: TRAIN_MINUTES (default 60) on THREADS (default 2) threads. Logs: OUT.features.log, OUT.train.log.
+# SHARDS (default all): only these corpus shard numbers for features and training, e.g. the shards INIT
+# has not trained on (153-158,160- for a stage warm-started from stage 3); FEATURES should then be a folder
+# holding only those. MAX_LEN (default 768) tokens per sequence. Budgets: TRAIN_MINUTES (default 60) on THREADS (default 2) threads. Logs: OUT.features.log, OUT.train.log.
 set -euo pipefail
 OUT=${1:?usage: scripts/distill_head.sh OUT [extra train args]}
 shift 1
@@ -33,7 +35,7 @@ MAX_LEN=${MAX_LEN:-768}
 PY=${PYTHON:-python}
 mkdir -p "$(dirname "$OUT")"
 
-$PY -m eagle.train.features --corpus data/distill --out "$FEATURES" --max-len "$MAX_LEN" --threads "$THREADS" 2>&1 | tee "${OUT%/}.features.log"
+$PY -m eagle.train.features --corpus data/distill --out "$FEATURES" --shards "${SHARDS:-}" --max-len "$MAX_LEN" --threads "$THREADS" 2>&1 | tee "${OUT%/}.features.log"
 
 INIT_ARGS=()
 if [ -n "$INIT" ]; then INIT_ARGS=(--init "$INIT"); fi

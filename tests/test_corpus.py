@@ -261,6 +261,27 @@ def test_features_cli_workers_split_the_shards_and_resume(tiny, tmp_path):
         Fe.main(common + ["--worker", "2/2"])
 
 
+def test_features_shards_option_selects_shard_numbers(tiny, tmp_path):
+    """--shards N-M,K-: only those corpus shard numbers are encoded; a bad spec stops naming the flag."""
+    model, tok, folder = tiny
+    C.build(C.plan(_pool(), shard_size=4), tmp_path / "corpus" / "run", model, tok, max_new=4, gen_batch=3,
+            max_shards=3, model_name="tiny")
+    common = ["--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "feat"), "--base", str(folder),
+              "--threads", "1", "--fast-cpu", "off"]
+    assert Fe.main(common + ["--shards", "1-"])["corpus_shards"] == 2
+    names = {p.name.split(".")[0] for p in (tmp_path / "feat").rglob("*.safetensors")}
+    assert names == {"shard_run_00001", "shard_run_00002"}
+    assert Fe.main(common + ["--shards", "0,2"])["corpus_shards"] == 2      # 2 cached already: only 0 is new
+    assert Fe.parse_shard_ranges("153-158, 160-") == [(153, 158), (160, None)]
+    assert Fe.parse_shard_ranges("") == []
+    for bad in ("5-3", "-4", "a", "1-b"):
+        with pytest.raises(ValueError):
+            Fe.parse_shard_ranges(bad)
+    for bad in ("2-1", "7-"):
+        with pytest.raises(SystemExit):
+            Fe.main(common + ["--shards", bad])
+
+
 def test_build_names_what_differs_from_the_plan(tmp_path, monkeypatch):
     """A machine without an optional prompt source must not silently plan another pool: the error names it."""
     pool = _pool()

@@ -11,7 +11,8 @@ cut to ``--max-len`` tokens). Train and held-out records go to ``OUT/train/`` an
 
 Features take ~1.1 KB per token (H = 576, float16), so they are cached on local disk, never
 committed; a feature shard newer than its corpus shard and cut at the same ``--max-len`` is reused, so a rerun only adds the new ones.
-``--worker I/N`` encodes every N-th corpus shard, so N one-thread processes fill one cache together
+``--shards 153-158,160-`` encodes only those corpus shard numbers (a warm-started stage that trains on
+the shards its parent has not seen). ``--worker I/N`` encodes every N-th corpus shard, so N one-thread processes fill one cache together
 (on 2 cores two one-thread workers beat one two-thread process). ``--device cuda`` (the default
 ``auto`` picks it when present) runs the target there (``--dtype`` float16 / bfloat16 for large
 targets); the features are copied back and stored as float16 either way.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["sequences_of", "build_feature_shard", "main"]
+__all__ = ["sequences_of", "build_feature_shard", "parse_shard_ranges", "main"]
 
 DEFAULT_MAX_LEN = 768
 
@@ -79,6 +80,32 @@ def _cached_max_len(path: Path) -> int:
         return int((f.metadata() or {}).get("max_len", DEFAULT_MAX_LEN))
 
 
+def parse_shard_ranges(spec: str) -> list[tuple[int, int | None]]:
+    """``--shards`` spec -> inclusive ``(first, last)`` ranges of corpus shard numbers (``last`` None: open).
+
+    ``"153-158,160-"`` -> ``[(153, 158), (160, None)]``; ``"7"`` -> ``[(7, 7)]``; ``""`` -> ``[]`` (all shards).
+    Raises ``ValueError`` (message names the bad part) on anything else, e.g. ``"5-3"``, ``"-4"``, ``"a"``.
+    """
+    ranges: list[tuple[int, int | None]] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = None if dash and not hi.strip() else int(hi if dash else lo)
+        except ValueError:
+            raise ValueError(f"{part!r} is not N, N-M or N-") from None
+        if first < 0 or (last is not None and last < first):
+            raise ValueError(f"{part!r} is not a range of shard numbers >= 0")
+        ranges.append((first, last))
+    return ranges
+
+
+def _shard_number(path: Path) -> int:
+    return int(path.name.split(".")[0].split("_")[1])
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns a summary (tokens, seconds, tokens/s)."""
     from .corpus import DEFAULT_ROOT
@@ -92,6 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-shards", type=int, default=0, help="at most this many corpus shards (0: all)")
+    ap.add_argument("--shards", default="",
+                    help="only these corpus shard numbers, e.g. 153-158,160- (those an earlier stage did not train on); default all")
     ap.add_argument("--worker", default="0/1",
                     help="I/N: encode only the corpus shards at positions I mod N (N one-thread processes share a run)")
     from .data import DTYPES, add_device_argument, add_fast_cpu_argument, parse_device, parse_worker
@@ -105,6 +134,15 @@ def main(argv: list[str] | None = None) -> dict:
     shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
     if not shards:
         ap.error(f"--corpus {corpus}: no shard_*.jsonl.gz found")
+    try:
+        ranges = parse_shard_ranges(args.shards)
+    except ValueError as e:
+        ap.error(f"--shards: {e}")
+    if ranges:
+        shards = [sh for sh in shards
+                  if any(lo <= _shard_number(sh) and (hi is None or _shard_number(sh) <= hi) for lo, hi in ranges)]
+        if not shards:
+            ap.error(f"--shards {args.shards}: no corpus shard under --corpus {corpus} has such a number")
     if args.max_shards:
         shards = shards[:args.max_shards]
     shards = shards[worker::n_workers]
