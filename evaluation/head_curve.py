@@ -18,6 +18,10 @@ by default ``train_counted_positions`` of the head's ``train_log.json`` (its las
 
 ``python -m evaluation.head_curve --head LABEL=FOLDER [--head ...] --tokens N [N ...] --reference
 ANSWERS.jsonl --question-file Q.jsonl --out DIR`` writes ``DIR/head_curve.{json,md,png}``.
+``--previous OLD/head_curve.json`` keeps the rows of an earlier run and measures only the new heads
+(both measures are deterministic per head, so re-measuring an old head would repeat its numbers); the
+earlier run must have used the same fixed sets (held-out records, sequences and positions; method,
+temperature, tree and contexts), otherwise the command stops naming the field that differs.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["parse_heads", "curve_rows", "render_curve", "plot_curve", "main"]
+__all__ = ["parse_heads", "curve_rows", "previous_mismatches", "merge_previous", "render_curve", "plot_curve", "main"]
 
 
 def parse_heads(specs: Sequence[str], tokens: Optional[Sequence[int]] = None) -> list[dict]:
@@ -136,6 +140,45 @@ def plot_curve(res: dict, out_path) -> Path:
     return out
 
 
+# the fields of a head_curve.json that define its two fixed sets; rows of two runs are comparable only if all agree
+_SET_FIELDS = {"heldout": ("records", "sequences", "positions"),
+               "exact": ("method", "temperature", "tree", "contexts_per_question", "n_contexts", "n_questions")}
+
+
+def previous_mismatches(previous: dict, current: dict) -> list[str]:
+    """Fields of the fixed sets on which an earlier result ``previous`` and ``current`` differ.
+
+    Both are :func:`main` result dicts (``current`` may be partial: only the fields it has are compared,
+    so the settings known before measuring can be checked first). Returns e.g.
+    ``["heldout.positions: 19071 != 18000"]``; empty when the rows are comparable.
+    """
+    out = []
+    if "depths" in current and previous.get("depths") != current["depths"]:
+        out.append(f"depths: {previous.get('depths')} != {current['depths']}")
+    for part, keys in _SET_FIELDS.items():
+        for k in keys:
+            if k in current.get(part, {}) and previous.get(part, {}).get(k) != current[part][k]:
+                out.append(f"{part}.{k}: {previous.get(part, {}).get(k)} != {current[part][k]}")
+    return out
+
+
+def merge_previous(previous: dict, res: dict) -> dict:
+    """``res`` with the earlier result's heads and rows added (rows sorted by training tokens).
+
+    Raises:
+        ValueError: the two were measured on different fixed sets (:func:`previous_mismatches`), or a
+            head label is in both.
+    """
+    bad = previous_mismatches(previous, res)
+    if bad:
+        raise ValueError("measured on other fixed sets: " + "; ".join(bad))
+    labels = {h["label"] for h in previous["heads"]} & {h["label"] for h in res["heads"]}
+    if labels:
+        raise ValueError(f"head label(s) {sorted(labels)} already in it")
+    return {**res, "heads": list(previous["heads"]) + list(res["heads"]),
+            "rows": sorted(list(previous["rows"]) + list(res["rows"]), key=lambda r: r["tokens"])}
+
+
 def _parser() -> argparse.ArgumentParser:
     from evaluation.arguments import OneLineParser
 
@@ -155,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-records", type=int, default=96, help="held-out records")
     ap.add_argument("--depths", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--previous", default="", metavar="HEAD_CURVE_JSON",
+                    help="an earlier head_curve.json on the same fixed sets: its rows are kept, only --head heads are measured")
     ap.add_argument("--out", required=True)
     return ap
 
@@ -172,6 +217,21 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             ap.error(f"{flag} {path}: no such file")
     if args.per_category < 1 or args.contexts_per_question < 1 or args.max_records < 1 or args.depths < 1:
         ap.error("--per-category, --contexts-per-question, --max-records and --depths must be >= 1")
+    previous = None
+    if args.previous:
+        try:
+            previous = json.loads(Path(args.previous).read_text(encoding="utf-8"))
+            for k in ("heads", "rows", "heldout", "exact", "depths"):
+                previous[k]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--previous {args.previous}: not a head_curve.json ({type(e).__name__}: {e})")
+        known = {"depths": args.depths, "heldout": {"records": args.max_records},
+                 "exact": {"method": args.method, "temperature": args.temperature, "tree": args.tree,
+                           "contexts_per_question": args.contexts_per_question}}
+        bad = previous_mismatches(previous, known)
+        clash = {h["label"] for h in previous["heads"]} & {h["label"] for h in heads}
+        if bad or clash:
+            ap.error(f"--previous {args.previous}: " + "; ".join(bad + [f"head label {c!r} already in it" for c in sorted(clash)]))
     from eagle.train.heldout import main as heldout_main
 
     from evaluation import exact_tau
@@ -182,6 +242,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     held = heldout_main(["--heads", ",".join(h["path"] for h in heads), "--corpus", args.corpus,
                          "--max-records", str(args.max_records), "--depths", str(args.depths),
                          "--threads", str(args.threads)])
+    if previous is not None:
+        bad = previous_mismatches(previous, {"heldout": {k: held[k] for k in ("sequences", "positions")}})
+        if bad:
+            ap.error(f"--previous {args.previous}: the held-out set differs ({'; '.join(bad)}); is --corpus the same?")
     exact, meta = {}, None
     for h in heads:
         ex = exact_tau.main(["--model", "default", "--head", h["path"], "--methods", args.method, "--seeds", "0",
@@ -200,6 +264,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                      "contexts_per_question": args.contexts_per_question, "n_questions": meta["n_questions"]},
            "groups": meta["groups"], "rows": curve_rows(heads, held["heads"], exact),
            "seconds": round(time.time() - t0, 1)}
+    if previous is not None:
+        try:
+            res = merge_previous(previous, res)
+        except ValueError as e:
+            ap.error(f"--previous {args.previous}: {e}")
     (out / "head_curve.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     md = render_curve(res)
     (out / "head_curve.md").write_text(md, encoding="utf-8")

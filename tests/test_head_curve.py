@@ -74,3 +74,43 @@ def test_cli_errors_are_one_line_naming_the_flag(tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and flag in err[0], err
+
+
+def test_previous_rows_are_merged_only_on_the_same_fixed_sets(tmp_path):
+    """--previous: an earlier run's rows are kept when its fixed sets match; any difference is named."""
+    old = _result(tmp_path)
+    new_heads = [{"label": "next", "path": "p3", "tokens": 5000}]
+    new_rows = head_curve.curve_rows(new_heads, {"p3": {"top1_by_depth": [0.5, 0.4], "top4_by_depth": [0.7, 0.6]}},
+                                     {"next": {"qa": {"mean": 2.2, "se": 0.1}, "avg": {"mean": 2.3, "se": 0.05}}})
+    new = {**old, "heads": new_heads, "rows": new_rows}
+    merged = head_curve.merge_previous(old, new)
+    assert [r["label"] for r in merged["rows"]] == ["early", "late", "next"]
+    assert [h["label"] for h in merged["heads"]] == ["late", "early", "next"]
+    assert head_curve.previous_mismatches(old, new) == []
+    other = {**new, "heldout": {**new["heldout"], "positions": 41}, "exact": {**new["exact"], "tree": "mc_sim_7b_63"}}
+    assert head_curve.previous_mismatches(old, other) == ["heldout.positions: 40 != 41", "exact.tree: 2x5 != mc_sim_7b_63"]
+    with pytest.raises(ValueError, match="positions"):
+        head_curve.merge_previous(old, other)
+    with pytest.raises(ValueError, match="early"):
+        head_curve.merge_previous(old, {**new, "heads": [{"label": "early", "path": "p3", "tokens": 5000}]})
+
+
+def test_cli_previous_mismatch_stops_before_any_work(tmp_path, capsys):
+    a = _head(tmp_path, "a", 10)
+    ref = tmp_path / "ref.jsonl"
+    ref.write_text("{}\n")
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_result(tmp_path)))                 # tree 2x5, depths 2
+    base = ["--head", f"a={a}", "--reference", str(ref), "--question-file", str(ref), "--out", str(tmp_path / "o")]
+    for extra, needle in ((["--previous", str(old)], "exact.tree"),          # default tree mc_sim_7b_63
+                          (["--previous", str(old), "--tree", "2x5", "--depths", "2"], None),
+                          (["--previous", str(ref)], "not a head_curve.json"),
+                          (["--previous", str(tmp_path / "none.json")], "not a head_curve.json")):
+        if needle is None:                                            # a label clash, once the sets agree
+            extra = extra[:-4] + ["--tree", "2x5", "--depths", "2", "--head", f"early={a}"]
+            needle = "'early' already"
+        with pytest.raises(SystemExit) as e:
+            head_curve.main(base + extra)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--previous" in err[0] and needle in err[0], err
