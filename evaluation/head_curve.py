@@ -200,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--previous", default="", metavar="HEAD_CURVE_JSON",
                     help="an earlier head_curve.json on the same fixed sets: its rows are kept, only --head heads are measured")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar for the exact-tau contexts")
     ap.add_argument("--out", required=True)
     return ap
 
@@ -253,7 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                              "--per-category", str(args.per_category),
                              "--contexts-per-question", str(args.contexts_per_question), "--draft-vocab", "off",
                              "--answers", args.reference, "--question-file", args.question_file,
-                             "--threads", str(args.threads), "--no-progress", "--out", str(out / "exact" / re.sub(r"[^\w.-]+", "_", h["label"]))])
+                             "--threads", str(args.threads), *(["--no-progress"] if args.no_progress else []),
+                             "--out", str(out / "exact" / re.sub(r"[^\w.-]+", "_", h["label"]))])
         row = next(r for r in ex["rows"] if r["method"] == args.method)
         exact[h["label"]] = {**row["tau"], "avg": row["avg_tau"]}
         meta = ex
