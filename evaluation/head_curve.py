@@ -116,6 +116,8 @@ def plot_curve(res: dict, out_path) -> Path:
 
     rows = res["rows"]
     x = [r["tokens"] for r in rows]
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for d in range(res["depths"]):
         a.plot(x, [r["top1_by_depth"][d] for r in rows], marker="o", label=f"depth {d + 1}")
@@ -133,6 +135,10 @@ def plot_curve(res: dict, out_path) -> Path:
                  f"{res['exact']['tree']})")
     b.set_xscale("log")
     b.grid(alpha=0.3)
+    for ax in (a, b):  # ticks at 1, 2, 5 x 10^k labelled 200k / 1M (the default minor labels overlap)
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     fig.tight_layout()
     out = Path(out_path)
     fig.savefig(out, dpi=120)
