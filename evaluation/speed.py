@@ -44,6 +44,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -75,9 +76,10 @@ DEFINITIONS = {
 
 
 def load_answers(path: os.PathLike | str) -> list[dict]:
-    """Answer records of one JSONL file (blank and truncated lines skipped)."""
+    """Answer records of one JSONL file, plain or gzip-compressed (``.gz``); blank and truncated lines skipped."""
     out = []
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
@@ -182,7 +184,11 @@ def bootstrap_run_set(runs: dict[str, Sequence[dict]], n_boot: int = 1000, seed:
 
     Returns:
         ``{method: {group|"avg"|"overall": {"tau_se", "tau_ci95", "tau_expected_se", "speed_se",
-        "speedup_se"}, "delta_pct": {"tau_se", "tau_expected_se"}}}``. A group with one question has no SE
+        "speedup_se"}, "delta_pct": {"tau_se", "tau_expected_se"},
+        "delta_abs": {group|"avg": {"tau_se", "tau_expected_se"}}}}``: ``delta_pct`` = SE of the Avg's
+        relative difference to the reference (percent), ``delta_abs`` = SE of the absolute difference
+        method - reference (tokens per step) per group and for Avg; both None for the reference and the
+        baseline. A group with one question has no SE
         and every SE involving it is None
         (nothing to resample: unknown, not zero); None also where a quantity is missing.
     """
@@ -253,6 +259,15 @@ def bootstrap_run_set(runs: dict[str, Sequence[dict]], n_boot: int = 1000, seed:
                  "tau_expected_se": None if res["avg"]["tau_expected"] is None or ref["tau_expected"] is None
                  else _se(100 * (res["avg"]["tau_expected"] / ref["tau_expected"] - 1))}
         entry["delta_pct"] = d
+        a = None
+        if reference in boot and m not in (reference, baseline):
+            a = {}
+            for g in list(groups) + ["avg"]:
+                v, r = res[g], boot[reference][g]
+                a[g] = {"tau_se": _se(v["tau"] - r["tau"]) if known[g] else None,
+                        "tau_expected_se": None if not known[g] or v["tau_expected"] is None
+                        or r["tau_expected"] is None else _se(v["tau_expected"] - r["tau_expected"])}
+        entry["delta_abs"] = a
         out[m] = entry
     return out
 
@@ -290,12 +305,12 @@ def combine_seeds(per_seed: dict[str, dict], keys: Sequence[str]) -> dict:
 def _answer_files(paths: Iterable[os.PathLike | str]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
-        files.extend(sorted(p.glob("*.jsonl")) if p.is_dir() else [p])
+        files.extend(sorted([*p.glob("*.jsonl"), *p.glob("*.jsonl.gz")]) if p.is_dir() else [p])
     return files
 
 
 def collect_runs(paths: Iterable[os.PathLike | str]) -> dict[tuple, dict[int, list[dict]]]:
-    """Read answer files (or folders of ``*.jsonl``) and group their records.
+    """Read answer files (``.jsonl`` or ``.jsonl.gz``, or folders of them) and group their records.
 
     Returns:
         ``{(method, temperature, tree): {seed: [records]}}`` from the records' metadata (tree None for the

@@ -1,0 +1,139 @@
+"""Paired comparison of two sets of Spec-Bench runs on the same questions (e.g. two draft heads).
+
+Where :mod:`evaluation.speed` compares methods WITHIN one run set (same head), this compares run set B
+with run set A for every ``(method, temperature, tree)`` and seed that both contain, on the questions
+both answered: per category group and for Avg, tau of A, tau of B and the difference B - A (tokens per
+decoding step) with its bootstrap SE. The SE comes from :func:`evaluation.speed.bootstrap_run_set`
+(questions resampled within their group, the SAME resample for A and B), so a difference that is the
+same on every question has a small error even when both taus are noisy. tau is
+:func:`evaluation.speed.group_tau` (the one definition).
+
+At temperature 0 the two runs are deterministic given the head, so the pairing is exact; at temperature
+> 0 the sampled answers of A and B differ, and the paired SE over questions still omits that variance.
+
+Command line::
+
+    python -m evaluation.paired --a runs/tau-s6/*/answers --b runs/tau-s7/*/answers --labels "stage 6" "stage 7"
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from evaluation.questions import category_group
+from evaluation.speed import BASELINE, bootstrap_run_set, collect_runs, group_tau, order_groups
+
+__all__ = ["compare", "compare_runs", "markdown", "main"]
+
+
+def _restrict(records: Sequence[dict], ids: set) -> list[dict]:
+    return sorted((r for r in records if int(r["question_id"]) in ids), key=lambda r: int(r["question_id"]))
+
+
+def _taus(records: Sequence[dict], groups: Sequence[str]) -> dict[str, float]:
+    out = {g: group_tau([r for r in records if category_group(r["category"]) == g]) for g in groups}
+    out["avg"] = sum(out[g] for g in groups) / len(groups)
+    return out
+
+
+def compare(records_a: Sequence[dict], records_b: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> dict:
+    """Paired tau difference B - A on the questions both record sets answered.
+
+    Args:
+        records_a, records_b: answer records (Spec-Bench format with ``accept_lengths``) of ONE method,
+            temperature, tree and seed each.
+        n_boot, seed: bootstrap resamples over questions and the resampling seed.
+
+    Returns:
+        ``{"groups": [...], "n_questions": {group: n}, "a": {group|"avg": tau}, "b": {...},
+        "delta": {group|"avg": {"mean", "se"}}, "b_higher_groups": int}`` (tau in tokens per decoding
+        step; SE None for a group with one question).
+
+    Raises:
+        ValueError: the two sets share no question.
+    """
+    ids = {int(r["question_id"]) for r in records_a} & {int(r["question_id"]) for r in records_b}
+    if not ids:
+        raise ValueError("the two run sets share no question id")
+    a, b = _restrict(records_a, ids), _restrict(records_b, ids)
+    groups = order_groups({category_group(r["category"]) for r in a})
+    ta, tb = _taus(a, groups), _taus(b, groups)
+    boot = bootstrap_run_set({"a": a, "b": b}, n_boot=n_boot, seed=seed, baseline=BASELINE, reference="a")
+    ses = boot["b"]["delta_abs"]
+    delta = {g: {"mean": tb[g] - ta[g], "se": ses[g]["tau_se"]} for g in list(groups) + ["avg"]}
+    return {"groups": groups,
+            "n_questions": {g: sum(category_group(r["category"]) == g for r in a) for g in groups},
+            "a": ta, "b": tb, "delta": delta, "b_higher_groups": sum(tb[g] > ta[g] for g in groups)}
+
+
+def compare_runs(paths_a: Sequence[str], paths_b: Sequence[str], n_boot: int = 1000) -> list[dict]:
+    """:func:`compare` for every ``(method, temperature, tree)`` and seed found in both path sets.
+
+    Returns:
+        a list of ``{"method", "temperature", "tree", "seed", **compare(...)}``, sorted by key.
+
+    Raises:
+        ValueError: no (method, temperature, tree, seed) is present in both sets.
+    """
+    ra, rb = collect_runs(paths_a), collect_runs(paths_b)
+    out = []
+    for key in sorted(set(ra) & set(rb), key=lambda k: (k[0], k[1], str(k[2]))):
+        for s in sorted(set(ra[key]) & set(rb[key])):
+            out.append({"method": key[0], "temperature": key[1], "tree": key[2], "seed": s,
+                        **compare(ra[key][s], rb[key][s], n_boot=n_boot)})
+    if not out:
+        raise ValueError(f"no (method, temperature, tree, seed) in both sets: A has {sorted(ra)}, B has {sorted(rb)}")
+    return out
+
+
+def markdown(results: Sequence[dict], label_a: str = "A", label_b: str = "B") -> str:
+    """Markdown table: per compared run three rows (A, B, B - A ± SE)."""
+    groups = order_groups({g for r in results for g in r["groups"]})
+    lines = ["| method | T | tree | seed | row | " + " | ".join(groups) + " | Avg | questions |",
+             "|---" * (len(groups) + 7) + "|"]
+    for r in results:
+        head = f"| {r['method']} | {r['temperature']:g} | {r['tree']} | {r['seed']} |"
+        n = sum(r["n_questions"].values())
+        for label, taus in ((label_a, r["a"]), (label_b, r["b"])):
+            lines.append(f"{head} {label} | " + " | ".join(f"{taus[g]:.2f}" if g in taus else "-" for g in groups)
+                         + f" | {taus['avg']:.3f} | {n} |")
+        def cell(d):
+            return f"{d['mean']:+.3f}" + (f" ± {d['se']:.3f}" if d["se"] is not None else "")
+        lines.append(f"{head} {label_b} - {label_a} | "
+                     + " | ".join(cell(r["delta"][g]) if g in r["delta"] else "-" for g in groups)
+                     + f" | **{cell(r['delta']['avg'])}** | higher in {r['b_higher_groups']} of {len(r['groups'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description="Paired tau difference B - A of two run sets on shared questions.")
+    ap.add_argument("--a", nargs="+", required=True, help="answer JSONL files or folders of run set A")
+    ap.add_argument("--b", nargs="+", required=True, help="answer JSONL files or folders of run set B")
+    ap.add_argument("--labels", nargs=2, default=["A", "B"], metavar=("LABEL_A", "LABEL_B"))
+    ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples over questions")
+    ap.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    for flag, paths in (("--a", args.a), ("--b", args.b)):
+        missing = [p for p in paths if not Path(p).exists()]
+        if missing:
+            ap.error(f"{flag}: not found: {' '.join(missing)}")
+    if args.bootstrap < 2:
+        ap.error("--bootstrap must be at least 2")
+    try:
+        results = compare_runs(args.a, args.b, n_boot=args.bootstrap)
+    except ValueError as e:
+        print(f"evaluation.paired: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    print(markdown(results, *args.labels))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"labels": args.labels, "results": results}, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Paired comparison of two run sets (two heads) on shared questions: known differences and errors."""
+import json
+import math
+
+import pytest
+
+from evaluation import paired, speed
+from test_speed import _group_file
+
+
+def _shift(src, dst, by):
+    recs = speed.load_answers(src)
+    for r, b in zip(recs, by):
+        r["choices"][0]["accept_lengths"] = [a + b for a in r["choices"][0]["accept_lengths"]]
+    dst.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_constant_shift_has_zero_error_and_counts_groups(tmp_path):
+    _group_file(tmp_path / "a.jsonl", {"qa": [1, 2, 3, 6], "rag": [1, 4, 2, 5]})
+    _shift(tmp_path / "a.jsonl", tmp_path / "b.jsonl", [0.5] * 8)
+    res = paired.compare(speed.load_answers(tmp_path / "a.jsonl"), speed.load_answers(tmp_path / "b.jsonl"))
+    assert res["a"]["qa"] == pytest.approx(3.0) and res["b"]["qa"] == pytest.approx(3.5)
+    for g in ("qa", "rag", "avg"):
+        assert res["delta"][g]["mean"] == pytest.approx(0.5)
+        assert res["delta"][g]["se"] == pytest.approx(0.0, abs=1e-9)   # same shift on every question
+    assert res["b_higher_groups"] == 2 and res["n_questions"] == {"qa": 4, "rag": 4}
+    # the unpaired errors are large: pairing is what makes the difference visible
+    boot = speed.bootstrap_run_set({"a": speed.load_answers(tmp_path / "a.jsonl")})
+    assert boot["a"]["qa"]["tau_se"] > 0.5
+
+
+def test_known_paired_error(tmp_path):
+    # differences 0 and 2 on two qa questions: the bootstrap SE of their mean is sqrt(1/2)
+    _group_file(tmp_path / "a.jsonl", {"qa": [1, 3], "rag": [2, 2]})
+    _shift(tmp_path / "a.jsonl", tmp_path / "b.jsonl", [0, 2, 0, 0])
+    res = paired.compare(speed.load_answers(tmp_path / "a.jsonl"), speed.load_answers(tmp_path / "b.jsonl"),
+                         n_boot=20000, seed=3)
+    assert res["delta"]["qa"]["mean"] == pytest.approx(1.0)
+    assert res["delta"]["qa"]["se"] == pytest.approx(math.sqrt(0.5), rel=0.03)
+    assert res["delta"]["rag"]["se"] == 0.0
+    assert res["delta"]["avg"]["se"] == pytest.approx(math.sqrt(0.5) / 2, rel=0.03)
+
+
+def test_only_shared_questions_count(tmp_path):
+    _group_file(tmp_path / "a.jsonl", {"qa": [1, 3, 5]})
+    recs_b = speed.load_answers(tmp_path / "a.jsonl")[:2]          # B answered only the first two
+    res = paired.compare(speed.load_answers(tmp_path / "a.jsonl"), recs_b)
+    assert res["a"]["qa"] == pytest.approx(2.0) and res["n_questions"] == {"qa": 2}
+    with pytest.raises(ValueError, match="share no question"):
+        paired.compare(speed.load_answers(tmp_path / "a.jsonl")[2:], recs_b)
+
+
+def test_cli_table_and_errors(tmp_path, capsys):
+    (tmp_path / "A").mkdir(), (tmp_path / "B").mkdir()
+    _group_file(tmp_path / "A" / "rrsw.jsonl", {"qa": [1, 2], "rag": [3, 4]})
+    _shift(tmp_path / "A" / "rrsw.jsonl", tmp_path / "B" / "rrsw.jsonl", [1, 1, 1, 1])
+    out = paired.main(["--a", str(tmp_path / "A"), "--b", str(tmp_path / "B"), "--labels", "old", "new",
+                       "--out", str(tmp_path / "p.json")])
+    text = capsys.readouterr().out
+    assert "| new - old |" in text and "**+1.000 ± 0.000**" in text and "higher in 2 of 2" in text
+    assert out[0]["method"] == "rrsw" and json.loads((tmp_path / "p.json").read_text())["labels"] == ["old", "new"]
+    with pytest.raises(SystemExit):
+        paired.main(["--a", str(tmp_path / "nope"), "--b", str(tmp_path / "B")])
+    assert "--a: not found" in capsys.readouterr().err
+    _group_file(tmp_path / "C.jsonl", {"qa": [1, 2]}, method="univer")
+    with pytest.raises(SystemExit):
+        paired.main(["--a", str(tmp_path / "A"), "--b", str(tmp_path / "C.jsonl")])
+    assert "no (method, temperature, tree, seed) in both" in capsys.readouterr().err
+
+
+def test_gzip_answer_files_read_like_plain_ones(tmp_path):
+    import gzip
+    (tmp_path / "A").mkdir()
+    _group_file(tmp_path / "A" / "rrsw.jsonl", {"qa": [1, 3]})
+    with gzip.open(tmp_path / "rrsw.jsonl.gz", "wt") as f:
+        f.write((tmp_path / "A" / "rrsw.jsonl").read_text())
+    assert speed.load_answers(tmp_path / "rrsw.jsonl.gz") == speed.load_answers(tmp_path / "A" / "rrsw.jsonl")
+    (tmp_path / "G").mkdir()
+    (tmp_path / "rrsw.jsonl.gz").rename(tmp_path / "G" / "rrsw.jsonl.gz")
+    res = paired.compare_runs([str(tmp_path / "A")], [str(tmp_path / "G")])
+    assert res[0]["delta"]["avg"]["mean"] == 0.0
