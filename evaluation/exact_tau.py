@@ -170,8 +170,10 @@ def paired_bootstrap(per_question: dict[str, dict[int, tuple[str, float, float]]
         reference: method for the paired ``delta_pct`` (Avg vs reference, percent).
 
     Returns:
-        ``{method: {group|"avg": {"mean", "se", "ci95"}, "delta_pct": {"mean", "se"} | None}}``; SE None when
-        a group has fewer than 2 questions (unknown).
+        ``{method: {group|"avg": {"mean", "se", "ci95"}, "delta_pct": {"mean", "se"} | None,
+        "delta_abs": {group|"avg": {"mean", "se"}} | None}}``: ``delta_pct`` = Avg's relative difference
+        to the reference (percent), ``delta_abs`` = method - reference (tokens per cycle); both None for
+        the reference. SE None when a group has fewer than 2 questions (unknown).
     """
     from evaluation.speed import order_groups
 
@@ -205,6 +207,12 @@ def paired_bootstrap(per_question: dict[str, dict[int, tuple[str, float, float]]
             d = 100 * (point[m]["avg"] / point[reference]["avg"] - 1)
             db = 100 * (boot[m]["avg"] / boot[reference]["avg"] - 1)
             res["delta_pct"] = {"mean": d, "se": float(np.std(db, ddof=1)) if known else None}
+        res["delta_abs"] = None
+        if reference in per_question and m != reference:
+            ok = {**{g: len(idx[g]) >= 2 for g in groups}, "avg": known}
+            res["delta_abs"] = {g: {"mean": point[m][g] - point[reference][g],
+                                    "se": float(np.std(boot[m][g] - boot[reference][g], ddof=1)) if ok[g] else None}
+                                for g in list(groups) + ["avg"]}
         out[m] = res
     return out
 

@@ -11,9 +11,16 @@ same on every question has a small error even when both taus are noisy. tau is
 At temperature 0 the two runs are deterministic given the head, so the pairing is exact; at temperature
 > 0 the sampled answers of A and B differ, and the paired SE over questions still omits that variance.
 
+The same comparison for two **exact expected tau** files (``exact_tau.json`` of
+:mod:`evaluation.exact_tau`, e.g. ``OUT/exact/LABEL/exact_tau.json`` of :mod:`evaluation.head_curve`): the
+contexts both files scored (same question, turn and position) are paired, and the questions are resampled
+by :func:`evaluation.exact_tau.paired_bootstrap`. One tree draw per context at temperature > 0 is part of
+each context's value, so its variance is inside that SE.
+
 Command line::
 
     python -m evaluation.paired --a runs/tau-s6/*/answers --b runs/tau-s7/*/answers --labels "stage 6" "stage 7"
+    python -m evaluation.paired --a runs/curve/exact/stage_6/exact_tau.json --b runs/curve/exact/stage_7/exact_tau.json
 """
 from __future__ import annotations
 
@@ -23,10 +30,11 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from evaluation.exact_tau import paired_bootstrap
 from evaluation.questions import category_group
 from evaluation.speed import BASELINE, bootstrap_run_set, collect_runs, group_tau, order_groups
 
-__all__ = ["compare", "compare_runs", "markdown", "main"]
+__all__ = ["compare", "compare_runs", "compare_exact", "is_exact_file", "markdown", "main"]
 
 
 def _restrict(records: Sequence[dict], ids: set) -> list[dict]:
@@ -89,6 +97,60 @@ def compare_runs(paths_a: Sequence[str], paths_b: Sequence[str], n_boot: int = 1
     return out
 
 
+def is_exact_file(path: str) -> bool:
+    """True for an ``exact_tau.json`` (a JSON object with per-context ``contexts``), False for answer files."""
+    if not str(path).endswith(".json") or not Path(path).is_file():
+        return False
+    try:
+        return "contexts" in json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def compare_exact(path_a: str, path_b: str, n_boot: int = 1000, seed: int = 0) -> list[dict]:
+    """Paired exact-tau difference B - A for every method both ``exact_tau.json`` files scored.
+
+    Returns:
+        the same rows as :func:`compare_runs` (``seed`` = the files' drafting seed), tau = exact
+        E[tokens per cycle | drafted tree] averaged over the shared contexts.
+
+    Raises:
+        ValueError: the files share no context or no method, or differ in temperature or tree.
+    """
+    da, db = (json.loads(Path(p).read_text(encoding="utf-8")) for p in (path_a, path_b))
+    for k in ("temperature", "tree"):
+        if da.get(k) != db.get(k):
+            raise ValueError(f"the exact-tau files differ in {k}: {da.get(k)!r} vs {db.get(k)!r}")
+    key = lambda c: (int(c["question_id"]), int(c["turn"]), int(c["position"]))
+    ca, cb = {key(c): c for c in da["contexts"]}, {key(c): c for c in db["contexts"]}
+    shared = sorted(set(ca) & set(cb))
+    if not shared:
+        raise ValueError("the two exact-tau files share no context (question, turn, position)")
+    methods = [m for m in ca[shared[0]]["values"] if m in cb[shared[0]]["values"]]
+    if not methods:
+        raise ValueError("the two exact-tau files share no method")
+    out = []
+    for m in methods:
+        per_q = {}
+        for side, ctx in (("a", ca), ("b", cb)):
+            d = per_q.setdefault(side, {})
+            for k in shared:
+                e = d.setdefault(k[0], [ctx[k]["group"], 0.0, 0])
+                e[1] += float(ctx[k]["values"][m])
+                e[2] += 1
+        boot = paired_bootstrap({side: {q: tuple(v) for q, v in d.items()} for side, d in per_q.items()},
+                                n_boot, seed, reference="a")
+        groups = order_groups({v[0] for v in per_q["a"].values()})
+        ta = {g: boot["a"][g]["mean"] for g in list(groups) + ["avg"]}
+        tb = {g: boot["b"][g]["mean"] for g in list(groups) + ["avg"]}
+        out.append({"method": m, "temperature": da.get("temperature"), "tree": da.get("tree"),
+                    "seed": da.get("seed"), "groups": groups,
+                    "n_questions": {g: sum(v[0] == g for v in per_q["a"].values()) for g in groups},
+                    "n_contexts": len(shared), "a": ta, "b": tb, "delta": boot["b"]["delta_abs"],
+                    "b_higher_groups": sum(tb[g] > ta[g] for g in groups)})
+    return out
+
+
 def markdown(results: Sequence[dict], label_a: str = "A", label_b: str = "B") -> str:
     """Markdown table: per compared run three rows (A, B, B - A ± SE)."""
     groups = order_groups({g for r in results for g in r["groups"]})
@@ -122,8 +184,12 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
             ap.error(f"{flag}: not found: {' '.join(missing)}")
     if args.bootstrap < 2:
         ap.error("--bootstrap must be at least 2")
+    exact = [is_exact_file(p) for p in args.a + args.b]
+    if any(exact) and not (all(exact) and len(args.a) == len(args.b) == 1):
+        ap.error("--a/--b: give either answer files/folders on both sides or one exact_tau.json on each side")
     try:
-        results = compare_runs(args.a, args.b, n_boot=args.bootstrap)
+        results = (compare_exact(args.a[0], args.b[0], n_boot=args.bootstrap) if all(exact)
+                   else compare_runs(args.a, args.b, n_boot=args.bootstrap))
     except ValueError as e:
         print(f"evaluation.paired: {e}", file=sys.stderr)
         raise SystemExit(2)

@@ -79,3 +79,30 @@ def test_gzip_answer_files_read_like_plain_ones(tmp_path):
     (tmp_path / "rrsw.jsonl.gz").rename(tmp_path / "G" / "rrsw.jsonl.gz")
     res = paired.compare_runs([str(tmp_path / "A")], [str(tmp_path / "G")])
     assert res[0]["delta"]["avg"]["mean"] == 0.0
+
+
+def _exact_file(path, values, temperature=1.0, tree="2x5"):
+    """An exact_tau.json with one context per (question, position): ``values`` = {(qid, group): [v, ...]}."""
+    ctx = [{"question_id": q, "group": g, "turn": 0, "position": i, "context_tokens": 10, "values": {"rrsw": v}}
+           for (q, g), vs in values.items() for i, v in enumerate(vs)]
+    path.write_text(json.dumps({"temperature": temperature, "tree": tree, "seed": 0, "contexts": ctx}))
+    return str(path)
+
+
+def test_exact_files_pair_contexts(tmp_path, capsys):
+    va = {(1, "qa"): [1.0, 2.0], (2, "qa"): [3.0, 3.0], (3, "rag"): [2.0], (4, "rag"): [4.0]}
+    vb = {k: [x + 0.25 for x in v] for k, v in va.items()}
+    vb[(5, "rag")] = [9.0]                                     # only in B: not compared
+    a, b = _exact_file(tmp_path / "a.json", va), _exact_file(tmp_path / "b.json", vb)
+    assert paired.is_exact_file(a) and not paired.is_exact_file(str(tmp_path / "nope.json"))
+    (r,) = paired.compare_exact(a, b, n_boot=500)
+    assert r["a"]["qa"] == pytest.approx(2.25) and r["n_contexts"] == 6 and r["n_questions"] == {"qa": 2, "rag": 2}
+    for g in ("qa", "rag", "avg"):
+        assert r["delta"][g]["mean"] == pytest.approx(0.25) and r["delta"][g]["se"] == pytest.approx(0.0, abs=1e-9)
+    paired.main(["--a", a, "--b", b])
+    assert "**+0.250 ± 0.000**" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="differ in temperature"):
+        paired.compare_exact(a, _exact_file(tmp_path / "c.json", vb, temperature=0.0))
+    with pytest.raises(SystemExit):                            # an exact file against answer folders
+        paired.main(["--a", a, "--b", str(tmp_path)])
+    assert "either answer files/folders on both sides or one exact_tau.json" in capsys.readouterr().err
