@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from evaluation.exact_tau import paired_bootstrap
 from evaluation.questions import category_group
-from evaluation.speed import BASELINE, bootstrap_run_set, collect_runs, group_tau, order_groups
+from evaluation.speed import BASELINE, bootstrap_run_set, collect_runs, flat_accept_lengths, group_tau, order_groups
 
 __all__ = ["compare", "compare_runs", "compare_exact", "is_exact_file", "markdown", "main"]
 
@@ -67,7 +68,15 @@ def compare(records_a: Sequence[dict], records_b: Sequence[dict], n_boot: int = 
     if not ids:
         raise ValueError("the two run sets share no question id")
     a, b = _restrict(records_a, ids), _restrict(records_b, ids)
+    for ra, rb in zip(a, b):
+        if category_group(ra["category"]) != category_group(rb["category"]):
+            raise ValueError(f"question {ra['question_id']} is {ra['category']!r} in A but {rb['category']!r} in B: "
+                             "not the same question set")
     groups = order_groups({category_group(r["category"]) for r in a})
+    for side, recs in (("A", a), ("B", b)):
+        for g in groups:
+            if not any(flat_accept_lengths(r["choices"][0]) for r in recs if category_group(r["category"]) == g):
+                raise ValueError(f"run set {side} has no decoding steps (accept_lengths) in group {g}")
     ta, tb = _taus(a, groups), _taus(b, groups)
     boot = bootstrap_run_set({"a": a, "b": b}, n_boot=n_boot, seed=seed, baseline=BASELINE, reference="a")
     ses = boot["b"]["delta_abs"]
@@ -77,16 +86,29 @@ def compare(records_a: Sequence[dict], records_b: Sequence[dict], n_boot: int = 
             "a": ta, "b": tb, "delta": delta, "b_higher_groups": sum(tb[g] > ta[g] for g in groups)}
 
 
-def compare_runs(paths_a: Sequence[str], paths_b: Sequence[str], n_boot: int = 1000) -> list[dict]:
+def compare_runs(paths_a: Sequence[str], paths_b: Sequence[str], n_boot: int = 1000,
+                 skipped: Optional[list] = None) -> list[dict]:
     """:func:`compare` for every ``(method, temperature, tree)`` and seed found in both path sets.
+
+    Args:
+        skipped: if a list, the ``(side, method, temperature, tree, seed)`` found on one side only are
+            appended to it (they cannot be paired).
 
     Returns:
         a list of ``{"method", "temperature", "tree", "seed", **compare(...)}``, sorted by key.
 
     Raises:
-        ValueError: no (method, temperature, tree, seed) is present in both sets.
+        ValueError: a side has no answer records, a record is malformed (see
+            :func:`evaluation.speed.check_record`), or no (method, temperature, tree, seed) is in both sets.
     """
     ra, rb = collect_runs(paths_a), collect_runs(paths_b)
+    for side, runs, paths in (("--a", ra, paths_a), ("--b", rb, paths_b)):
+        if not runs:
+            raise ValueError(f"{side}: no answer records (*.jsonl / *.jsonl.gz) in {' '.join(map(str, paths))}")
+    if skipped is not None:
+        for side, mine, other in (("A", ra, rb), ("B", rb, ra)):
+            for key, seeds in mine.items():
+                skipped.extend((side, *key, sd) for sd in seeds if sd not in other.get(key, {}))
     out = []
     for key in sorted(set(ra) & set(rb), key=lambda k: (k[0], k[1], str(k[2]))):
         for s in sorted(set(ra[key]) & set(rb[key])):
@@ -102,7 +124,8 @@ def is_exact_file(path: str) -> bool:
     if not str(path).endswith(".json") or not Path(path).is_file():
         return False
     try:
-        return "contexts" in json.loads(Path(path).read_text(encoding="utf-8"))
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+        return isinstance(d, dict) and "contexts" in d
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
 
@@ -118,15 +141,35 @@ def compare_exact(path_a: str, path_b: str, n_boot: int = 1000, seed: int = 0) -
         ValueError: the files share no context or no method, or differ in temperature or tree.
     """
     da, db = (json.loads(Path(p).read_text(encoding="utf-8")) for p in (path_a, path_b))
-    for k in ("temperature", "tree"):
+    for k in ("temperature", "tree", "top_p", "top_k", "reference"):
         if da.get(k) != db.get(k):
             raise ValueError(f"the exact-tau files differ in {k}: {da.get(k)!r} vs {db.get(k)!r}")
-    key = lambda c: (int(c["question_id"]), int(c["turn"]), int(c["position"]))
-    ca, cb = {key(c): c for c in da["contexts"]}, {key(c): c for c in db["contexts"]}
+
+    def contexts(d, path):
+        cs = d.get("contexts")
+        if not isinstance(cs, list) or not cs:
+            raise ValueError(f"{path}: 'contexts' must be a non-empty list")
+        out = {}
+        for i, c in enumerate(cs):
+            try:
+                k = (int(c["question_id"]), int(c["turn"]), int(c["position"]))
+                vals = {m: float(v) for m, v in c["values"].items()}
+                if not isinstance(c["group"], str) or not all(math.isfinite(v) for v in vals.values()):
+                    raise ValueError
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise ValueError(f"{path}: context {i} needs question_id, turn, position (integers), group "
+                                 "(a string) and values (finite numbers per method)") from None
+            out[k] = {**c, "values": vals}
+        return out
+    ca, cb = contexts(da, path_a), contexts(db, path_b)
     shared = sorted(set(ca) & set(cb))
     if not shared:
         raise ValueError("the two exact-tau files share no context (question, turn, position)")
-    methods = [m for m in ca[shared[0]]["values"] if m in cb[shared[0]]["values"]]
+    for k in shared:
+        if ca[k]["group"] != cb[k]["group"]:
+            raise ValueError(f"context {k} is in group {ca[k]['group']!r} in A but {cb[k]['group']!r} in B")
+    methods = [m for m in ca[shared[0]]["values"]
+               if all(m in ca[k]["values"] and m in cb[k]["values"] for k in shared)]
     if not methods:
         raise ValueError("the two exact-tau files share no method")
     out = []
@@ -167,6 +210,8 @@ def markdown(results: Sequence[dict], label_a: str = "A", label_b: str = "B") ->
         lines.append(f"{head} {label_b} - {label_a} | "
                      + " | ".join(cell(r["delta"][g]) if g in r["delta"] else "-" for g in groups)
                      + f" | **{cell(r['delta']['avg'])}** | higher in {r['b_higher_groups']} of {len(r['groups'])} |")
+    if any(d["se"] is None for r in results for d in r["delta"].values()):
+        lines.append("\nNo ± where a group has one question: its SE is unknown (and so is Avg's).")
     return "\n".join(lines)
 
 
@@ -182,17 +227,33 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         missing = [p for p in paths if not Path(p).exists()]
         if missing:
             ap.error(f"{flag}: not found: {' '.join(missing)}")
+    if any(not label.strip() for label in args.labels):
+        ap.error("--labels: labels must not be empty")
     if args.bootstrap < 2:
         ap.error("--bootstrap must be at least 2")
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir():
+            ap.error(f"--out: {out} is a folder; give a file name")
+        inputs = {Path(p).resolve() for p in args.a + args.b if Path(p).is_file()}
+        folders = {Path(p).resolve() for p in args.a + args.b if Path(p).is_dir()}
+        if out.resolve() in inputs or (out.resolve().parent in folders and out.name.endswith((".jsonl", ".jsonl.gz"))):
+            ap.error(f"--out: {out} is one of the inputs; give another file name")
+        if any(parent.is_file() for parent in out.resolve().parents):
+            ap.error(f"--out: a parent of {out} is a file")
+    skipped: list = []
     exact = [is_exact_file(p) for p in args.a + args.b]
     if any(exact) and not (all(exact) and len(args.a) == len(args.b) == 1):
         ap.error("--a/--b: give either answer files/folders on both sides or one exact_tau.json on each side")
     try:
         results = (compare_exact(args.a[0], args.b[0], n_boot=args.bootstrap) if all(exact)
-                   else compare_runs(args.a, args.b, n_boot=args.bootstrap))
+                   else compare_runs(args.a, args.b, n_boot=args.bootstrap, skipped=skipped))
     except ValueError as e:
         print(f"evaluation.paired: {e}", file=sys.stderr)
         raise SystemExit(2)
+    for side, method, t, tree, sd in skipped:
+        print(f"evaluation.paired: not compared (only in {side}): {method} T {t:g} tree {tree} seed {sd}",
+              file=sys.stderr)
     print(markdown(results, *args.labels))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

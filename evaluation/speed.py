@@ -57,7 +57,7 @@ from evaluation.arguments import BASELINE, PAPER_METHODS
 from evaluation.questions import CATEGORY_GROUPS, category_group
 
 __all__ = ["STD_DDOF", "BASELINE", "REFERENCE", "TIMING_PARTS", "DEFINITIONS", "load_answers",
-           "flat_accept_lengths", "question_speed", "group_tau", "order_groups", "run_metrics", "bootstrap_run_set", "mean_std",
+           "check_record", "flat_accept_lengths", "question_speed", "group_tau", "order_groups", "run_metrics", "bootstrap_run_set", "mean_std",
            "combine_seeds", "collect_runs", "timing_breakdown", "summarize", "run_line", "speed_sentence", "main"]
 
 STD_DDOF = 1
@@ -76,18 +76,62 @@ DEFINITIONS = {
 
 
 def load_answers(path: os.PathLike | str) -> list[dict]:
-    """Answer records of one JSONL file, plain or gzip-compressed (``.gz``); blank and truncated lines skipped."""
+    """Answer records of one JSONL file, plain or gzip-compressed (``.gz``); blank and truncated lines skipped.
+
+    Raises:
+        ValueError: the file is not valid gzip / UTF-8 text, or a line is JSON but not an object.
+    """
     out = []
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{path}:{n}: an answer line must be a JSON object, got {type(rec).__name__}")
+                out.append(rec)
+    except (OSError, EOFError, UnicodeDecodeError) as e:   # BadGzipFile is an OSError
+        raise ValueError(f"{path}: not a readable answer file ({type(e).__name__}: {e})") from None
     return out
+
+
+def check_record(r: dict, where: str) -> None:
+    """Raise ValueError (naming ``where`` and the field) unless ``r`` is a usable answer record.
+
+    A usable record has ``question_id`` (an integer), ``category`` (a string), ``choices[0]`` (an object)
+    whose ``accept_lengths`` and, when present, ``expected_accept_lengths`` are lists of finite numbers
+    (or per-turn lists of them), and numeric ``temperature`` / integer ``seed`` when present.
+    """
+    def bad(msg):
+        raise ValueError(f"{where}: {msg}")
+    qid = r.get("question_id")
+    if isinstance(qid, bool) or not isinstance(qid, int) and not (isinstance(qid, str) and qid.isdigit()):
+        bad(f"question_id must be an integer, got {qid!r}")
+    if not isinstance(r.get("category"), str):
+        bad(f"question {qid}: category must be a string, got {r.get('category')!r}")
+    ch = r.get("choices")
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        bad(f"question {qid}: choices must be a non-empty list of objects")
+    for key in ("accept_lengths", "expected_accept_lengths"):
+        if key not in ch[0] and key == "expected_accept_lengths":
+            continue
+        vals = ch[0].get(key)
+        if not isinstance(vals, list):
+            bad(f"question {qid}: choices[0].{key} must be a list, got {vals!r}")
+        for v in flat_accept_lengths(ch[0], key):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(f"question {qid}: choices[0].{key} holds {v!r}, not a finite number")
+    t = r.get("temperature", 0.0)
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        bad(f"question {qid}: temperature must be a number, got {t!r}")
+    sd = r.get("seed", 0)
+    if isinstance(sd, bool) or not isinstance(sd, int):
+        bad(f"question {qid}: seed must be an integer, got {sd!r}")
 
 
 def flat_accept_lengths(choice: dict, key: str = "accept_lengths") -> list[float]:
@@ -317,15 +361,17 @@ def collect_runs(paths: Iterable[os.PathLike | str]) -> dict[tuple, dict[int, li
         baseline). A question id appearing twice for the same key and seed is counted once (the first).
 
     Raises:
-        ValueError: a record without the ``method`` field (not written by this harness).
+        ValueError: a record without the ``method`` field (not written by this harness), or one that
+            :func:`check_record` rejects (missing fields, NaN/inf accept lengths), naming file and line.
     """
     runs: dict[tuple, dict[int, list[dict]]] = {}
     seen: set[tuple] = set()
     for f in _answer_files(paths):
-        for r in load_answers(f):
+        for n, r in enumerate(load_answers(f), 1):
             method = r.get("method")
             if method is None:
                 raise ValueError(f"{f}: answer lacks the 'method' metadata field")
+            check_record(r, f"{f} (record {n})")
             tree = None if method == BASELINE else r.get("tree")
             tree = None if tree is None else str(tree)
             key = (method, float(r.get("temperature", float("nan"))), tree)

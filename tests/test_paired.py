@@ -106,3 +106,63 @@ def test_exact_files_pair_contexts(tmp_path, capsys):
     with pytest.raises(SystemExit):                            # an exact file against answer folders
         paired.main(["--a", a, "--b", str(tmp_path)])
     assert "either answer files/folders on both sides or one exact_tau.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: r["choices"][0].__setitem__("accept_lengths", [1.0, float("nan")]), "not a finite number"),
+    (lambda r: r.pop("question_id"), "question_id must be an integer"),
+    (lambda r: r.pop("category"), "category must be a string"),
+    (lambda r: r.__setitem__("choices", []), "choices must be a non-empty list"),
+    (lambda r: r["choices"][0].__setitem__("accept_lengths", ["2"]), "not a finite number"),
+    (lambda r: r.__setitem__("temperature", "hot"), "temperature must be a number"),
+])
+def test_malformed_records_fail_with_file_and_field(tmp_path, capsys, damage, message):
+    (tmp_path / "A").mkdir(), (tmp_path / "B").mkdir()
+    _group_file(tmp_path / "A" / "r.jsonl", {"qa": [1, 2]})
+    recs = speed.load_answers(tmp_path / "A" / "r.jsonl")
+    damage(recs[1])
+    (tmp_path / "B" / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(SystemExit):
+        paired.main(["--a", str(tmp_path / "A"), "--b", str(tmp_path / "B")])
+    err = capsys.readouterr().err
+    assert message in err and "r.jsonl (record 2)" in err and "Traceback" not in err
+
+
+def test_bad_files_and_sets_fail_clearly(tmp_path, capsys):
+    (tmp_path / "A").mkdir(), (tmp_path / "E").mkdir()
+    _group_file(tmp_path / "A" / "r.jsonl", {"qa": [1, 2]})
+    (tmp_path / "bad.jsonl.gz").write_text("not gzip")
+    for args, message in ((["--b", str(tmp_path / "bad.jsonl.gz")], "not a readable answer file"),
+                          (["--b", str(tmp_path / "E")], "--b: no answer records"),
+                          (["--b", str(tmp_path / "A"), "--out", str(tmp_path / "A" / "r.jsonl")], "is one of the inputs"),
+                          (["--b", str(tmp_path / "A"), "--out", str(tmp_path)], "is a folder"),
+                          (["--b", str(tmp_path / "A"), "--labels", "", "x"], "must not be empty")):
+        with pytest.raises(SystemExit):
+            paired.main(["--a", str(tmp_path / "A"), *args])
+        assert message in capsys.readouterr().err
+    # the same question filed under another category on the other side: not the same question set
+    recs = speed.load_answers(tmp_path / "A" / "r.jsonl")
+    recs[0]["category"] = "rag"
+    with pytest.raises(ValueError, match="not the same question set"):
+        paired.compare(speed.load_answers(tmp_path / "A" / "r.jsonl"), recs)
+    # no decoding steps on one side
+    for r in recs:
+        r["category"], r["choices"][0]["accept_lengths"] = "qa", []
+    with pytest.raises(ValueError, match="no decoding steps"):
+        paired.compare(speed.load_answers(tmp_path / "A" / "r.jsonl"), recs)
+
+
+def test_malformed_exact_files_fail_clearly(tmp_path):
+    a = _exact_file(tmp_path / "a.json", {(1, "qa"): [1.0], (2, "qa"): [2.0]})
+    d = json.loads(open(a).read())
+    d["contexts"][1]["values"]["rrsw"] = float("nan")
+    (tmp_path / "b.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="context 1 needs"):
+        paired.compare_exact(a, str(tmp_path / "b.json"))
+    (tmp_path / "list.json").write_text(json.dumps(["contexts"]))
+    assert not paired.is_exact_file(str(tmp_path / "list.json"))
+    d = json.loads(open(a).read())
+    d["reference"] = "other.jsonl"
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="differ in reference"):
+        paired.compare_exact(a, str(tmp_path / "c.json"))
