@@ -48,6 +48,7 @@ import gzip
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -530,8 +531,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples over questions")
     ap.add_argument("--out", default=None, help="write the JSON here (default: print it)")
     args = ap.parse_args(argv)
-    result = summarize(collect_runs(args.paths), baseline=args.baseline, reference=args.reference,
-                       n_boot=args.bootstrap)
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        ap.error(f"paths: not found: {' '.join(missing)}")
+    try:
+        result = summarize(collect_runs(args.paths), baseline=args.baseline, reference=args.reference,
+                           n_boot=args.bootstrap)
+    except ValueError as e:
+        print(f"evaluation.speed: {e}", file=sys.stderr)
+        raise SystemExit(2)
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -166,3 +166,16 @@ def test_malformed_exact_files_fail_clearly(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match="differ in reference"):
         paired.compare_exact(a, str(tmp_path / "c.json"))
+
+
+def test_speed_cli_names_a_bad_record(tmp_path, capsys):
+    _group_file(tmp_path / "r.jsonl", {"qa": [1, 2]})
+    recs = speed.load_answers(tmp_path / "r.jsonl")
+    recs[0]["choices"][0]["accept_lengths"] = [float("inf")]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(SystemExit):
+        speed.main([str(tmp_path / "r.jsonl")])
+    assert "record 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed.main([str(tmp_path / "missing")])
+    assert "not found" in capsys.readouterr().err
