@@ -245,3 +245,24 @@ def test_generator_type_and_meta_laws_get_clear_errors():
         ver.verify(parents, tokens, target, draft, 3)
     with pytest.raises(ValueError, match="meta device"):
         ver.verify(parents, tokens, target.to("meta"), draft.to("meta"), torch.Generator().manual_seed(0))
+
+
+def test_same_device_treats_an_unindexed_cuda_generator_as_the_current_device(monkeypatch):
+    """``torch.Generator(device="cuda")`` reports ``cuda`` while the laws sit on ``cuda:0``: the door
+    must accept it when cuda:0 is current (the first H200 run of scripts/device_check.sh failed three
+    checks on exactly this), and still refuse another index or another device type."""
+    from eagle.verify.registry import same_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert same_device(torch.device("cuda"), torch.device("cuda:0"))
+    assert same_device("cuda:0", "cuda")
+    assert same_device("cuda:1", "cuda:1")
+    assert not same_device(torch.device("cuda"), torch.device("cuda:1"))
+    assert not same_device("cuda:0", "cuda:1")
+    assert not same_device("cpu", "cuda:0")
+    assert not same_device("cuda", "cpu")
+    assert same_device("cpu", torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert not same_device(torch.device("cuda"), torch.device("cuda:0"))
+    assert same_device(torch.device("cuda"), torch.device("cuda:1"))

@@ -34,7 +34,7 @@ from ..rules import DRAFTING_RULES
 from ..tree.structure import TreeStructure
 from .checks import compute_dtype, prepare_step
 
-__all__ = ["Verifier", "DRAFTING_RULES", "ENTRY_POINT_GROUP", "register_verifier", "unregister_verifier",
+__all__ = ["Verifier", "same_device", "DRAFTING_RULES", "ENTRY_POINT_GROUP", "register_verifier", "unregister_verifier",
            "get_verifier", "available_verifiers", "select_verifier", "load_plugin"]
 
 #: entry-point group through which installed packages add verifiers (each entry point names a
@@ -47,6 +47,24 @@ KernelFn = Callable[[TreeStructure, torch.Tensor, torch.Tensor, torch.Tensor, to
 #: ``outcome_law(st, tokens, target_probs, draft_probs) -> [N, V]``: the exact law of the outcome
 LawFn = Callable[..., torch.Tensor]
 
+
+
+def same_device(generator_device, laws_device) -> bool:
+    """Whether a generator on ``generator_device`` draws the uniforms on ``laws_device``.
+
+    Same type, and the same index where both name one. A device without an index means the
+    current one: ``torch.Generator(device="cuda")`` reports ``cuda`` and draws on the current CUDA
+    device, so it matches laws on ``cuda:0`` when that is current (torch's own ``==`` says no).
+    """
+    a, b = torch.device(generator_device), torch.device(laws_device)
+    if a.type != b.type:
+        return False
+    if a.index is not None and b.index is not None:
+        return a.index == b.index
+    if a.type == "cuda" and torch.cuda.is_available():
+        cur = torch.cuda.current_device()
+        return (cur if a.index is None else a.index) == (cur if b.index is None else b.index)
+    return True
 
 @dataclass(frozen=True)
 class Verifier:
@@ -111,7 +129,7 @@ class Verifier:
         if generator is not None and not hasattr(generator, "device"):
             raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         device = getattr(target_probs, "device", None)
-        if generator is not None and device is not None and torch.device(generator.device) != device:
+        if generator is not None and device is not None and not same_device(generator.device, device):
             if device.type == "meta":
                 raise ValueError("target_probs and draft_probs are on the meta device (no values): verification "
                                  "needs real laws")
