@@ -48,7 +48,6 @@ KernelFn = Callable[[TreeStructure, torch.Tensor, torch.Tensor, torch.Tensor, to
 LawFn = Callable[..., torch.Tensor]
 
 
-
 def same_device(generator_device, laws_device) -> bool:
     """Whether a generator on ``generator_device`` draws the uniforms on ``laws_device``.
 
@@ -65,6 +64,7 @@ def same_device(generator_device, laws_device) -> bool:
         cur = torch.cuda.current_device()
         return (cur if a.index is None else a.index) == (cur if b.index is None else b.index)
     return True
+
 
 @dataclass(frozen=True)
 class Verifier:
