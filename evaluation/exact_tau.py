@@ -330,8 +330,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     else:
         from evaluation.gen_answer import generate_turns
 
+        from tqdm import tqdm
+
         reference = []
-        for q in cfg.questions:
+        for q in tqdm(cfg.questions, desc="plain-decoding reference", unit="question", disable=cfg.no_progress):
             c = generate_turns(model, tok, q, "naive", temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                max_new_tokens=cfg.max_new_tokens, tree=None, seed=cfg.seeds[0],
                                prompt_builder=fmt.ids)

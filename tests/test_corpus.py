@@ -298,3 +298,69 @@ def test_build_names_what_differs_from_the_plan(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="chitchat_pairs: plan 2065, here 0.*pip install --no-deps chitchat-dataset"):
         C.main(["build", "--run", "r", "--root", str(tmp_path / "root"), "--prompts", str(prompts),
                 "--specbench", str(spec), "--german-cache", str(tmp_path)])
+
+
+def test_pool_file_round_trip_and_damage(tmp_path):
+    pool = _pool()
+    stats = {"kinds": {"chat": 1}, "german_passages": 5, "chitchat_pairs": 1}
+    f = tmp_path / "pool.json.gz"
+    digest = C.write_pool(f, pool, stats, seed=0)
+    assert digest == C.pool_digest(pool)
+    back, st = C.read_pool(f)
+    assert back == pool and st == stats
+    # an edited prompt no longer hashes to the recorded sha256
+    obj = json.loads(gzip.decompress(f.read_bytes()))
+    obj["pool"][0]["turns"][0] += " edited"
+    f.write_bytes(gzip.compress(json.dumps(obj).encode()))
+    with pytest.raises(ValueError, match="do not hash"):
+        C.read_pool(f)
+    (tmp_path / "x.json.gz").write_bytes(gzip.compress(b'{"pool": []}'))
+    with pytest.raises(ValueError, match="not a prompt-pool file"):
+        C.read_pool(tmp_path / "x.json.gz")
+    (tmp_path / "y.json.gz").write_text("plain text")
+    with pytest.raises(ValueError, match="not a prompt-pool file"):
+        C.read_pool(tmp_path / "y.json.gz")
+
+
+def test_build_from_pool_file_fills_the_same_plan(tmp_path, monkeypatch):
+    """`corpus pool` on the machine with the sources, `build --pool` on one without: the same plan.json is
+    accepted, another pool is refused in one line, and a missing file fails before any work."""
+    pool = _pool()
+    stats = {"kinds": {}, "german_passages": 5, "chitchat_pairs": 1}
+    monkeypatch.setattr(C, "_build_pool", lambda args: (pool, dict(stats)))
+    prompts, spec = tmp_path / "p.json", tmp_path / "q.jsonl"
+    prompts.write_text("[]")
+    spec.write_text("")
+    root = tmp_path / "root"
+    args = {"run": "r", "base": "default", "seed": 0, "shard_size": 4, "gen_batch": 16, "max_new": 256, "max_prompt": 1024}
+    (root / "r").mkdir(parents=True)
+    C.check_plan(root / "r", args, pool, stats)
+    pf = tmp_path / "pool.json.gz"
+    C.main(["pool", "--run", "r", "--root", str(root), "--prompts", str(prompts), "--specbench", str(spec),
+            "--german-cache", str(tmp_path), "--out", str(pf)])
+    assert C.read_pool(pf)[0] == pool
+
+    def no_sources(args):
+        raise AssertionError("build --pool must not rebuild the pool from its sources")
+
+    monkeypatch.setattr(C, "_build_pool", no_sources)
+    def fake_load(*a, **k):
+        raise RuntimeError("model load reached")  # the plan check passed: stop before generating
+
+    import eagle.train.data as D
+    monkeypatch.setattr(D, "load_base", fake_load)
+    common = ["build", "--run", "r", "--root", str(root), "--shard-size", "4", "--prompts", str(tmp_path / "absent"),
+              "--specbench", str(tmp_path / "absent"), "--german-cache", str(tmp_path)]
+    with pytest.raises(RuntimeError, match="model load reached"):
+        C.main(common + ["--pool", str(pf)])
+    other = tmp_path / "other.json.gz"
+    C.write_pool(other, pool[:-1], stats, seed=0)
+    with pytest.raises(SystemExit, match="other arguments or another prompt pool"):
+        C.main(common + ["--pool", str(other)])
+    with pytest.raises(SystemExit):
+        C.main(common + ["--pool", str(tmp_path / "missing.json.gz")])
+    # `corpus pool` refuses to export a pool that is not the plan's
+    monkeypatch.setattr(C, "_build_pool", lambda args: (pool[:-1], dict(stats)))
+    with pytest.raises(SystemExit, match="not the one"):
+        C.main(["pool", "--run", "r", "--root", str(root), "--prompts", str(prompts), "--specbench", str(spec),
+                "--german-cache", str(tmp_path), "--out", str(tmp_path / "z.json.gz")])

@@ -35,3 +35,10 @@ def test_no_cuda_stops_before_any_work(tmp_path):
     assert r.returncode == 2
     assert "no CUDA device (DEV=cpu to run on the CPU)" in r.stderr
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_missing_pool_file_is_named(tmp_path):
+    r = _run(str(tmp_path / "out"), POOL=str(tmp_path / "pool.json.gz"), DEV="cpu", WORK=str(tmp_path / "work"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"gpu_head_round.sh: POOL {tmp_path / 'pool.json.gz'}: no such file"]
+    assert not (tmp_path / "work").exists()

@@ -2,6 +2,7 @@
 
 ``python -m eagle.train.corpus build --run NAME [--worker I/N] [--max-minutes M]``
 ``python -m eagle.train.corpus stats [--root data/distill]``
+``python -m eagle.train.corpus pool --run NAME --out POOL.json.gz`` then ``build --pool POOL.json.gz`` elsewhere
 
 Layout (committed; compact: token ids only, never hidden states)::
 
@@ -31,6 +32,11 @@ temperature 1 when ``k % 4 == 3`` and is greedy otherwise; shards ``k % 40 == 39
 renamed, so a killed worker leaves only complete shards and a rerun skips them (resumable);
 ``--worker I/N`` builds only shards ``k % N == I``, so several one-thread processes (or several
 working sessions) fill one run together. Output is deterministic for given arguments.
+
+Where the prompt sources are missing (a GPU machine has no ``shared/``, no chitchat-dataset package and
+no fortunes-de download), ``corpus pool --out POOL.json.gz`` writes the plan's pool here (prompts only,
+~3 MB; keep it out of git: its sources' licences apply) and ``build --pool POOL.json.gz`` there reads it;
+its sha256 must equal the plan's ``pool_sha256``, so both machines fill the same plan.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ from typing import Iterator
 import torch
 
 __all__ = ["DEFAULT_ROOT", "iter_records", "answer_token_count", "write_shard", "build_shard", "plan", "dedupe_pool",
-           "build", "stats", "main"]
+           "pool_digest", "write_pool", "read_pool", "check_plan", "build", "stats", "main"]
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "distill"
 HELDOUT_EVERY = 40
@@ -191,6 +197,83 @@ def _build_pool(args) -> tuple[list[dict], dict]:
                   "chitchat_pairs": len(chitchat)}
 
 
+POOL_FORMAT = "univer-eagle-prompt-pool/1"
+
+
+def pool_digest(pool: list[dict]) -> str:
+    """sha256 (hex) of the prompt pool as canonical JSON: the ``pool_sha256`` a plan.json records."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(pool, sort_keys=True).encode()).hexdigest()
+
+
+def write_pool(path: str | os.PathLike, pool: list[dict], pool_stats: dict, seed: int) -> str:
+    """Write the deduplicated, shuffled prompt pool to ``path`` (gzip JSON, atomic); returns its sha256.
+
+    The file lets ``build --pool`` run where the prompt sources are absent (a GPU machine without
+    ``shared/``, the chitchat-dataset package or the fortunes-de download). It holds prompts only
+    (their sources' licences apply; do not commit it).
+    """
+    path = Path(path)
+    digest = pool_digest(pool)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump({"format": POOL_FORMAT, "seed": seed, "pool_sha256": digest, "stats": pool_stats, "pool": pool}, f)
+    os.replace(tmp, path)
+    return digest
+
+
+def read_pool(path: str | os.PathLike) -> tuple[list[dict], dict]:
+    """Read a :func:`write_pool` file: ``(pool, pool_stats)``.
+
+    Raises:
+        ValueError: the file is not a pool file, or its prompts do not hash to the sha256 it records.
+    """
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, EOFError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a prompt-pool file ({e})") from None
+    if not isinstance(obj, dict) or obj.get("format") != POOL_FORMAT:
+        raise ValueError(f"{path}: not a prompt-pool file (format {obj.get('format') if isinstance(obj, dict) else None!r},"
+                         f" expected {POOL_FORMAT!r})")
+    pool = obj["pool"]
+    if pool_digest(pool) != obj.get("pool_sha256"):
+        raise ValueError(f"{path}: the prompts do not hash to the recorded pool_sha256 (file damaged or edited)")
+    return pool, obj.get("stats", {})
+
+
+def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dict) -> None:
+    """Create ``run_dir/plan.json``, or check that an existing one was made with the same arguments and pool.
+
+    Raises:
+        SystemExit: with one line naming what differs (arguments, pool size, pool sha256, a missing source).
+    """
+    plan_path = run_dir / "plan.json"
+    info = {"args": args_info, "pool": len(pool), "pool_sha256": pool_digest(pool),
+            "shards": -(-len(pool) // args_info["shard_size"]), **pool_stats}
+    if plan_path.exists():
+        old = json.loads(plan_path.read_text())
+        same_args = all(old.get("args", {}).get(k) == v for k, v in args_info.items())
+        if not same_args or old.get("pool") != info["pool"] or old.get("pool_sha256", info["pool_sha256"]) != info[
+                "pool_sha256"]:
+            why = [f"{k}: plan {old.get(k)!r}, here {v!r}" for k, v in pool_stats.items()
+                   if k in ("german_passages", "chitchat_pairs", "kinds") and old.get(k) != v]
+            if old.get("chitchat_pairs") and not pool_stats.get("chitchat_pairs"):
+                why.append("the plan's chitchat prompts need the chitchat-dataset package: "
+                           "pip install --no-deps chitchat-dataset==0.9.0")
+            raise SystemExit(f"{plan_path} was made with other arguments or another prompt pool"
+                             + (f" ({'; '.join(why)})" if why else "")
+                             + f"; install what it used or use a new --run name (old args: {old.get('args')})")
+        if "pool_sha256" not in old:
+            old["pool_sha256"] = info["pool_sha256"]
+            plan_path.write_text(json.dumps(old, indent=1))
+    else:
+        tmp = plan_path.with_name("plan.json.tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        os.replace(tmp, plan_path)
+
+
 def build(shards: list[dict], out: str | os.PathLike, model, tok, *, worker: int = 0, n_workers: int = 1,
           max_new: int = 256, max_prompt: int = 1024, gen_batch: int = 16, seed: int = 0, model_name: str = "",
           max_shards: int = 0, max_minutes: float = 0.0, split: str | None = None, linears: str | None = None) -> dict:
@@ -251,14 +334,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="generate shards (resumable)")
-    b.add_argument("--run", default="smollm2-135m", help="run folder name under --root")
-    b.add_argument("--root", default=str(DEFAULT_ROOT))
+    x = sub.add_parser("pool", help="write the plan's prompt pool to one file, for `build --pool` on a machine "
+                                    "without the prompt sources")
+    for q in (b, x):
+        q.add_argument("--run", default="smollm2-135m", help="run folder name under --root")
+        q.add_argument("--root", default=str(DEFAULT_ROOT))
+        q.add_argument("--prompts", default=DEFAULT_PROMPTS)
+        q.add_argument("--specbench", default=DEFAULT_SPECBENCH)
+        q.add_argument("--german-cache", default="",
+                       help="folder for the fortunes-de download (default: <cache>/prompt-sources)")
+        q.add_argument("--seed", type=int, default=0)
+    x.add_argument("--out", required=True, help="pool file to write (gzip JSON, e.g. cache/pool.json.gz; not for git)")
+    b.add_argument("--pool", default="", help="read the prompt pool from this file (written by `corpus pool`) "
+                                              "instead of rebuilding it from the sources")
     b.add_argument("--base", default="default", help='HF causal LM path / hub id, or "default"')
-    b.add_argument("--prompts", default=DEFAULT_PROMPTS)
-    b.add_argument("--specbench", default=DEFAULT_SPECBENCH)
-    b.add_argument("--german-cache", default="",
-                   help="folder for the fortunes-de download (default: <cache>/prompt-sources)")
-    b.add_argument("--seed", type=int, default=0)
     b.add_argument("--shard-size", type=int, default=32)
     b.add_argument("--gen-batch", type=int, default=16)
     b.add_argument("--max-new", type=int, default=256)
@@ -278,6 +367,32 @@ def main(argv: list[str] | None = None) -> dict:
         out = stats(args.root)
         print(json.dumps(out, indent=1))
         return out
+    from eagle.model.default import cache_dir
+
+    if not args.german_cache:
+        args.german_cache = str(cache_dir() / "prompt-sources")
+    out = Path(args.root) / args.run
+    if args.cmd == "build" and args.pool:
+        if not Path(args.pool).is_file():
+            ap.error(f"--pool: no such file {args.pool}")
+    else:
+        for flag, path in (("--prompts", args.prompts), ("--specbench", args.specbench)):
+            if not Path(path).is_file():
+                ap.error(f"{flag}: no such file {path}")
+    if args.cmd == "pool":
+        pool, pool_stats = _build_pool(args)
+        digest = pool_digest(pool)
+        plan_path = out / "plan.json"
+        if plan_path.exists():
+            want = json.loads(plan_path.read_text()).get("pool_sha256")
+            if want and want != digest:
+                raise SystemExit(f"corpus pool: the pool built here (sha256 {digest[:12]}...) is not the one "
+                                 f"{plan_path} was planned with ({want[:12]}...); install the plan's prompt sources")
+        write_pool(args.out, pool, pool_stats, args.seed)
+        summary = {"pool_file": str(args.out), "prompts": len(pool), "pool_sha256": digest,
+                   "bytes": Path(args.out).stat().st_size}
+        print(json.dumps(summary))
+        return summary
     from .data import parse_device, parse_worker
 
     worker, n_workers = parse_worker(ap, args.worker)
@@ -286,46 +401,19 @@ def main(argv: list[str] | None = None) -> dict:
                       ("--max-prompt", args.max_prompt), ("--threads", args.threads)):
         if val < 1:
             ap.error(f"{flag} must be >= 1, got {val}")
-    for flag, path in (("--prompts", args.prompts), ("--specbench", args.specbench)):
-        if not Path(path).is_file():
-            ap.error(f"{flag}: no such file {path}")
-    from eagle.model.default import cache_dir
-
     torch.set_num_threads(args.threads)
-    if not args.german_cache:
-        args.german_cache = str(cache_dir() / "prompt-sources")
-    out = Path(args.root) / args.run
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    pool, pool_stats = _build_pool(args)
-    shards = plan(pool, args.shard_size)
-    plan_path = out / "plan.json"
-    import hashlib
-
-    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt")
-    info = {"args": {k: getattr(args, k) for k in keep},
-            "pool": len(pool), "pool_sha256": hashlib.sha256(json.dumps(pool, sort_keys=True).encode()).hexdigest(),
-            "shards": len(shards), **pool_stats}
-    if plan_path.exists():
-        old = json.loads(plan_path.read_text())
-        same_args = all(old.get("args", {}).get(k) == info["args"][k] for k in keep)
-        if not same_args or old.get("pool") != info["pool"] or old.get("pool_sha256", info["pool_sha256"]) != info[
-                "pool_sha256"]:
-            why = [f"{k}: plan {old.get(k)!r}, here {v!r}" for k, v in pool_stats.items()
-                   if k in ("german_passages", "chitchat_pairs", "kinds") and old.get(k) != v]
-            if old.get("chitchat_pairs") and not pool_stats.get("chitchat_pairs"):
-                why.append("the plan's chitchat prompts need the chitchat-dataset package: "
-                           "pip install --no-deps chitchat-dataset==0.9.0")
-            raise SystemExit(f"{plan_path} was made with other arguments or another prompt pool"
-                             + (f" ({'; '.join(why)})" if why else "")
-                             + f"; install what it used or use a new --run name (old args: {old.get('args')})")
-        if "pool_sha256" not in old:
-            old["pool_sha256"] = info["pool_sha256"]
-            plan_path.write_text(json.dumps(old, indent=1))
+    if args.pool:
+        try:
+            pool, pool_stats = read_pool(args.pool)
+        except ValueError as e:
+            ap.error(f"--pool: {e}")
     else:
-        tmp = plan_path.with_name("plan.json.tmp")
-        tmp.write_text(json.dumps(info, indent=1))
-        os.replace(tmp, plan_path)
+        pool, pool_stats = _build_pool(args)
+    shards = plan(pool, args.shard_size)
+    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt")
+    check_plan(out, {k: getattr(args, k) for k in keep}, pool, pool_stats)
     from .data import DTYPES, linears_of, load_base
 
     model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on", device=device, dtype=DTYPES[args.dtype])
