@@ -200,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--method", default="rrsw")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--tree", default="mc_sim_7b_63")
-    ap.add_argument("--corpus", default="data/distill", help="corpus with the held-out split")
+    ap.add_argument("--corpus", default="data/distill/smollm2-135m", help="corpus run with the held-out split")
     ap.add_argument("--max-records", type=int, default=96, help="held-out records")
     ap.add_argument("--depths", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)

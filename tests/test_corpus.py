@@ -364,3 +364,38 @@ def test_build_from_pool_file_fills_the_same_plan(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="not the one"):
         C.main(["pool", "--run", "r", "--root", str(root), "--prompts", str(prompts), "--specbench", str(spec),
                 "--german-cache", str(tmp_path), "--out", str(tmp_path / "z.json.gz")])
+
+
+def test_sampled_rule_and_a_further_run_over_the_same_pool(tiny, tmp_path, monkeypatch):
+    """`--temperature-rule sampled --gen-seed 1` beside a first run: same prompts and split per shard, every
+    shard sampled, the answers' seed recorded; a further run over ANOTHER pool is refused before any work."""
+    pool = _pool()
+    mixed, sampled = C.plan(pool, 4), C.plan(pool, 4, "sampled")
+    assert [s["split"] for s in mixed] == [s["split"] for s in sampled]
+    assert [s["records"] for s in mixed] == [s["records"] for s in sampled]
+    assert {s["temperature"] for s in sampled} == {1.0} and 0.0 in {s["temperature"] for s in mixed}
+    with pytest.raises(ValueError, match="temperature_rule"):
+        C.plan(pool, 4, "hot")
+    model, tok, _ = tiny
+    out = tmp_path / "t1"
+    C.build(sampled[:1], out, model, tok, max_new=4, gen_batch=3, seed=7, model_name="tiny")
+    recs = list(C.iter_records(out))
+    assert recs and all(r["temperature"] == 1.0 and r["seed"] == 7 for r in recs)
+
+    stats = {"kinds": {}, "german_passages": 5, "chitchat_pairs": 1}
+    root = tmp_path / "root"
+    base = {"run": "a", "base": "default", "seed": 0, "shard_size": 4, "gen_batch": 16, "max_new": 256, "max_prompt": 1024}
+    (root / "a").mkdir(parents=True)
+    C.check_plan(root / "a", base, pool, stats)
+    # an old plan.json without the later arguments still matches the defaults, and only them
+    old = json.loads((root / "a" / "plan.json").read_text())
+    C.check_plan(root / "a", {**base, "temperature_rule": "mixed", "gen_seed": None}, pool, stats)
+    with pytest.raises(SystemExit, match="other arguments"):
+        C.check_plan(root / "a", {**base, "temperature_rule": "sampled", "gen_seed": None}, pool, stats)
+    assert json.loads((root / "a" / "plan.json").read_text()) == old
+    (root / "b").mkdir()
+    C.check_plan(root / "b", {**base, "run": "b", "temperature_rule": "sampled", "gen_seed": 1}, pool, stats)
+    (root / "c").mkdir()
+    with pytest.raises(SystemExit, match="must use its prompt pool"):
+        C.check_plan(root / "c", {**base, "run": "c", "seed": 1}, list(reversed(pool)), stats)
+    assert not (root / "c" / "plan.json").exists()

@@ -11,7 +11,7 @@ import torch
 from eagle.model.default import DEFAULT_HEAD
 
 RECORD = Path(DEFAULT_HEAD) / "heldout.json"
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "distill"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "distill" / "smollm2-135m"
 
 
 @pytest.mark.skipif(not RECORD.exists(), reason="no recorded held-out result for the default head")

@@ -14,7 +14,7 @@ Record::
     {"uid": "translation-17", "source": "fortunes-de", "kind": "translation", "split": "train",
      "messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
      "turns": [{"prompt_ids": [int, ...], "answer_ids": [int, ...], "stopped_eos": bool}, ...],
-     "temperature": 0.0, "top_p": 1.0, "seed": int, "max_new_tokens": 256, "model": "...",
+     "temperature": 0.0, "top_p": 1.0, "seed": int (the answers' seed), "max_new_tokens": 256, "model": "...",
      "linears": "onednn-packed" | "eager", "device": "cpu" | "cuda"}
 
 (``linears`` and ``device`` say which kernels generated the answers; records without ``device``
@@ -33,6 +33,13 @@ renamed, so a killed worker leaves only complete shards and a rerun skips them (
 ``--worker I/N`` builds only shards ``k % N == I``, so several one-thread processes (or several
 working sessions) fill one run together. Output is deterministic for given arguments.
 
+A plan holds each prompt once (16,163 prompts, ~2.9M answer tokens for ``smollm2-135m``). More data from
+the same prompts: a further run beside it, ``build --run smollm2-135m-t1 --temperature-rule sampled
+--gen-seed 1``, samples a new answer for every prompt. A further run must use the same pool (same
+``--seed`` and sources; refused otherwise), so its held-out shards hold the same prompts and no
+held-out prompt is ever trained on. The held-out set that heads are compared on stays the
+``DEFAULT_RUN`` run's (:mod:`eagle.train.heldout`).
+
 Where the prompt sources are missing (a GPU machine has no ``shared/``, no chitchat-dataset package and
 no fortunes-de download), ``corpus pool --out POOL.json.gz`` writes the plan's pool here (prompts only,
 ~3 MB; keep it out of git: its sources' licences apply) and ``build --pool POOL.json.gz`` there reads it;
@@ -50,11 +57,14 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["DEFAULT_ROOT", "iter_records", "answer_token_count", "write_shard", "build_shard", "plan", "dedupe_pool",
+__all__ = ["DEFAULT_ROOT", "DEFAULT_RUN", "TEMPERATURE_RULES", "iter_records", "answer_token_count", "write_shard", "build_shard", "plan", "dedupe_pool",
            "pool_digest", "write_pool", "read_pool", "check_plan", "build", "stats", "main"]
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "distill"
 HELDOUT_EVERY = 40
+#: the run whose held-out records are THE fixed held-out set of every head comparison (eagle.train.heldout)
+DEFAULT_RUN = "smollm2-135m"
+TEMPERATURE_RULES = ("mixed", "sampled")
 SAMPLE_EVERY = 4
 
 
@@ -103,11 +113,19 @@ def _encode(tok, messages: list[dict]) -> list[int]:
     return [int(t) for t in enc]
 
 
-def plan(pool: list[dict], shard_size: int) -> list[dict]:
-    """Cut the pool into shards: ``[{"index", "temperature", "split", "records"}]`` (deterministic)."""
+def plan(pool: list[dict], shard_size: int, temperature_rule: str = "mixed") -> list[dict]:
+    """Cut the pool into shards: ``[{"index", "temperature", "split", "records"}]`` (deterministic).
+
+    ``temperature_rule``: ``"mixed"`` (shard ``k`` samples at temperature 1 when ``k % 4 == 3``, greedy
+    otherwise) or ``"sampled"`` (every shard at temperature 1: a further run over the same pool then
+    gives every prompt a new answer). The split does not depend on it.
+    """
+    if temperature_rule not in TEMPERATURE_RULES:
+        raise ValueError(f"temperature_rule must be one of {TEMPERATURE_RULES}, got {temperature_rule!r}")
     shards = []
     for k, i in enumerate(range(0, len(pool), shard_size)):
-        shards.append({"index": k, "temperature": 1.0 if k % SAMPLE_EVERY == SAMPLE_EVERY - 1 else 0.0,
+        sampled = temperature_rule == "sampled" or k % SAMPLE_EVERY == SAMPLE_EVERY - 1
+        shards.append({"index": k, "temperature": 1.0 if sampled else 0.0,
                        "split": "heldout" if is_heldout(k) else "train",
                        "records": pool[i:i + shard_size]})
     return shards
@@ -243,6 +261,10 @@ def read_pool(path: str | os.PathLike) -> tuple[list[dict], dict]:
     return pool, obj.get("stats", {})
 
 
+#: plan arguments added later, with the value a plan.json without them was made with
+PLAN_ARG_DEFAULTS = {"temperature_rule": "mixed", "gen_seed": None}
+
+
 def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dict) -> None:
     """Create ``run_dir/plan.json``, or check that an existing one was made with the same arguments and pool.
 
@@ -250,11 +272,19 @@ def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dic
         SystemExit: with one line naming what differs (arguments, pool size, pool sha256, a missing source).
     """
     plan_path = run_dir / "plan.json"
+    if not plan_path.exists():
+        for sib in sorted(run_dir.parent.glob("*/plan.json")):
+            other = json.loads(sib.read_text())
+            if sib.parent != run_dir and other.get("pool_sha256") not in (None, pool_digest(pool)):
+                raise SystemExit(f"a new run beside {sib.parent.name} must use its prompt pool (same --seed and sources), "
+                                 f"so that its held-out prompts are the same and no held-out prompt is trained on; "
+                                 f"use --gen-seed and --temperature-rule sampled for new answers")
     info = {"args": args_info, "pool": len(pool), "pool_sha256": pool_digest(pool),
             "shards": -(-len(pool) // args_info["shard_size"]), **pool_stats}
     if plan_path.exists():
         old = json.loads(plan_path.read_text())
-        same_args = all(old.get("args", {}).get(k) == v for k, v in args_info.items())
+        old_args = {**PLAN_ARG_DEFAULTS, **old.get("args", {})}
+        same_args = all(old_args.get(k) == v for k, v in {**PLAN_ARG_DEFAULTS, **args_info}.items())
         if not same_args or old.get("pool") != info["pool"] or old.get("pool_sha256", info["pool_sha256"]) != info[
                 "pool_sha256"]:
             why = [f"{k}: plan {old.get(k)!r}, here {v!r}" for k, v in pool_stats.items()
@@ -348,6 +378,11 @@ def main(argv: list[str] | None = None) -> dict:
     b.add_argument("--pool", default="", help="read the prompt pool from this file (written by `corpus pool`) "
                                               "instead of rebuilding it from the sources")
     b.add_argument("--base", default="default", help='HF causal LM path / hub id, or "default"')
+    b.add_argument("--temperature-rule", choices=TEMPERATURE_RULES, default="mixed",
+                   help="mixed: every 4th shard sampled at temperature 1, the rest greedy; sampled: every shard at "
+                        "temperature 1 (a further run over the same pool: new answers for every prompt)")
+    b.add_argument("--gen-seed", type=int, default=None,
+                   help="seed of the sampled answers (default: --seed); a further run over the same pool takes another")
     b.add_argument("--shard-size", type=int, default=32)
     b.add_argument("--gen-batch", type=int, default=16)
     b.add_argument("--max-new", type=int, default=256)
@@ -411,8 +446,8 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(f"--pool: {e}")
     else:
         pool, pool_stats = _build_pool(args)
-    shards = plan(pool, args.shard_size)
-    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt")
+    shards = plan(pool, args.shard_size, args.temperature_rule)
+    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt", "temperature_rule", "gen_seed")
     check_plan(out, {k: getattr(args, k) for k in keep}, pool, pool_stats)
     from .data import DTYPES, linears_of, load_base
 
@@ -420,7 +455,8 @@ def main(argv: list[str] | None = None) -> dict:
     linears = linears_of(model)
     model_name = "SmolLM2-135M-Instruct" if args.base == "default" else args.base
     summary = build(shards, out, model, tok, worker=worker, n_workers=n_workers, max_new=args.max_new,
-                    max_prompt=args.max_prompt, gen_batch=args.gen_batch, seed=args.seed, model_name=model_name,
+                    max_prompt=args.max_prompt, gen_batch=args.gen_batch,
+                    seed=args.seed if args.gen_seed is None else args.gen_seed, model_name=model_name,
                     max_shards=args.max_shards, split=args.split, linears=linears, max_minutes=args.max_minutes - (time.time() - t0) / 60
                     if args.max_minutes else 0.0)
     summary.update(shards_done=len(list(out.glob("shard_*.jsonl.gz"))), shards_planned=len(shards))

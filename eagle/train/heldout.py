@@ -1,6 +1,6 @@
 """Where a draft head loses acceptance: held-out top-1 / top-4 per draft depth, several heads side by side.
 
-``python -m eagle.train.heldout --heads data/heads/smollm2-135m-eagle[,OTHER] [--corpus data/distill]
+``python -m eagle.train.heldout --heads data/heads/smollm2-135m-eagle[,OTHER] [--corpus data/distill/smollm2-135m]
 [--depths 5] [--max-records 96] [--json out.json]``
 
 The held-out records of the self-distillation corpus (``"split": "heldout"``, 3.75% of the shards,
@@ -67,12 +67,13 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; prints a table and returns the results dict."""
-    from .corpus import DEFAULT_ROOT
+    from .corpus import DEFAULT_ROOT, DEFAULT_RUN
     from .data import _pad_id, add_device_argument, load_base, parse_device
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heads", required=True, help="comma-separated head folders (public EAGLE-1 layout)")
-    ap.add_argument("--corpus", default=str(DEFAULT_ROOT))
+    ap.add_argument("--corpus", default=str(DEFAULT_ROOT / DEFAULT_RUN),
+                    help="corpus run (or folder) whose first held-out records are the set (default: the fixed one)")
     ap.add_argument("--base", default="default")
     ap.add_argument("--depths", type=int, default=5)
     ap.add_argument("--max-records", type=int, default=96)
