@@ -299,7 +299,7 @@ def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dic
             old["pool_sha256"] = info["pool_sha256"]
             plan_path.write_text(json.dumps(old, indent=1))
     else:
-        tmp = plan_path.with_name("plan.json.tmp")
+        tmp = plan_path.with_name(f"plan.json.{os.getpid()}.tmp")  # workers may create it at once
         tmp.write_text(json.dumps(info, indent=1))
         os.replace(tmp, plan_path)
 
