@@ -44,7 +44,7 @@ import numpy as np
 
 from evaluation.questions import build_messages, category_group
 
-__all__ = ["expected_tokens", "verifier_for", "context_positions", "shared_contexts", "score_contexts",
+__all__ = ["expected_tokens", "branch_usage", "verifier_for", "context_positions", "shared_contexts", "score_contexts",
            "paired_bootstrap", "summarize_exact", "render_exact", "run_exact_tau", "main"]
 
 
@@ -61,6 +61,36 @@ def expected_tokens(law, depth) -> float:
     import torch
 
     return float(((depth.to(law.device, torch.float64) + 1) * law.to(torch.float64).sum(-1)).sum())
+
+
+def branch_usage(law, parents, depth) -> tuple[list[float], list[float]]:
+    """Where a cycle's tokens come from: per child of the root, in tree order.
+
+    Args:
+        law: float Tensor ``[N, V]``, a verifier's outcome law (:func:`expected_tokens`).
+        parents: LongTensor ``[N]`` (root's entry ignored); depth: LongTensor ``[N]`` (root 0).
+
+    Returns:
+        ``(enter, tokens)``, lists over the root's children (depth-1 nodes in index order, i.e. rank order):
+        ``enter[r]`` = P(the accepted path passes through child r), ``tokens[r]`` = E[tokens per cycle; the
+        path passes through child r]. ``1 - sum(enter)`` is P(no draft token accepted) and
+        ``sum(tokens) + 1 - sum(enter)`` equals :func:`expected_tokens`.
+    """
+    import torch
+
+    depth = depth.to(law.device)
+    anc = torch.arange(depth.numel(), device=law.device)
+    par = parents.to(law.device).clamp(min=0)
+    for _ in range(int(depth.max()) if depth.numel() else 0):   # climb to the depth-1 ancestor
+        anc = torch.where(depth[anc] > 1, par[anc], anc)
+    mass = law.to(torch.float64).sum(-1)
+    kids = torch.nonzero(depth == 1).flatten().tolist()
+    enter, tokens = [], []
+    for k in kids:
+        sel = (anc == k) & (depth >= 1)
+        enter.append(float(mass[sel].sum()))
+        tokens.append(float((mass[sel] * (depth[sel].to(torch.float64) + 1)).sum()))
+    return enter, tokens
 
 
 def verifier_for(name: str, temperature: float):
@@ -130,7 +160,8 @@ def score_contexts(model, contexts: Sequence[dict], methods: Sequence[str], *, t
     """Exact E[tokens per cycle] of every method at every context (mean over ``draws`` trees per rule).
 
     Returns:
-        ``contexts`` entries (without ``input_ids``) with ``"values": {method: float}``.
+        ``contexts`` entries (without ``input_ids``) with ``"values": {method: float}`` and
+        ``"branches": {method: {"enter": [...], "tokens": [...]}}`` (:func:`branch_usage`, mean over draws).
     """
     import torch
 
@@ -140,6 +171,7 @@ def score_contexts(model, contexts: Sequence[dict], methods: Sequence[str], *, t
     for ci, ctx in enumerate(contexts):
         ids = torch.tensor([ctx["input_ids"]], dtype=torch.long, device=model.device)  # [1, L]
         sums = {m: 0.0 for m in methods}
+        branches: dict[str, dict[str, np.ndarray]] = {}
         for ri, rule in enumerate(rules):
             for d in range(draws):
                 g = torch.Generator(device=model.device)
@@ -151,9 +183,14 @@ def score_contexts(model, contexts: Sequence[dict], methods: Sequence[str], *, t
                         continue
                     law = v.outcome_probs(laws.parents, laws.tokens, laws.target_probs, laws.draft_probs)
                     sums[m] += expected_tokens(law, laws.depth)
+                    enter, tokens = branch_usage(law, laws.parents, laws.depth)
+                    b = branches.setdefault(m, {"enter": np.zeros(len(enter)), "tokens": np.zeros(len(enter))})
+                    b["enter"] += np.array(enter) / draws
+                    b["tokens"] += np.array(tokens) / draws
         rec = {k: ctx[k] for k in ("question_id", "group", "turn", "position")}
         rec["context_tokens"] = len(ctx["input_ids"])
         rec["values"] = {m: sums[m] / draws for m in methods}
+        rec["branches"] = {m: {k: [round(float(x), 6) for x in v] for k, v in b.items()} for m, b in branches.items()}
         out.append(rec)
         if on_context is not None:
             on_context(1)
@@ -217,6 +254,16 @@ def paired_bootstrap(per_question: dict[str, dict[int, tuple[str, float, float]]
     return out
 
 
+def _mean_branches(scored: Sequence[dict], method: str) -> Optional[dict]:
+    """Mean of :func:`branch_usage` over the contexts (None when absent or the root's width varies)."""
+    bs = [r["branches"][method] for r in scored if method in r.get("branches", {})]
+    if not bs or len({len(b["enter"]) for b in bs}) != 1:
+        return None
+    enter = np.mean([b["enter"] for b in bs], 0)
+    return {"enter": enter.tolist(), "tokens": np.mean([b["tokens"] for b in bs], 0).tolist(),
+            "no_draft_accepted": float(1 - enter.sum())}
+
+
 def summarize_exact(scored: Sequence[dict], methods: Sequence[str], *, n_boot: int = 1000, seed: int = 0,
                     reference: str = "rrsw", meta: Optional[dict] = None) -> dict:
     """Table-1-layout JSON of :func:`score_contexts`' output (see the module docstring)."""
@@ -232,7 +279,7 @@ def summarize_exact(scored: Sequence[dict], methods: Sequence[str], *, n_boot: i
                              reference)
     groups = order_groups({rec["group"] for rec in scored})
     rows = [{"method": m, "tau": {g: boots[m][g] for g in groups}, "avg_tau": boots[m]["avg"],
-             "delta_pct": boots[m]["delta_pct"]} for m in methods]
+             "delta_pct": boots[m]["delta_pct"], "branches": _mean_branches(scored, m)} for m in methods]
     n_q = {g: len({r["question_id"] for r in scored if r["group"] == g}) for g in groups}
     return {**(meta or {}), "groups": groups, "reference": reference, "n_contexts": len(scored),
             "n_questions": n_q, "bootstrap": {"resamples": n_boot, "seed": seed, "unit": "question (stratified)"},
@@ -253,6 +300,7 @@ def render_exact(ex: dict, note: Optional[str] = None) -> str:
         cells.append("-" if row["method"] == ex["reference"] else _cell(row["delta_pct"], 1, "%", sign=True))
         lines.append(f"| {method_label(row['method'])} | " + " | ".join(cells) + " |")
     nq = ", ".join(f"{GROUP_LABELS.get(g, g)} {n}" for g, n in ex["n_questions"].items())
+    branch_lines = _render_branches(ex)
     any_se = any(r["avg_tau"].get("se") is not None for r in ex["rows"])
     lines += ["", f"{ex['n_contexts']} contexts ({ex.get('contexts_per_question', '?')} per question; questions per "
                   f"group: {nq}) from {ex.get('context_source', 'a reference generation')}; "
@@ -262,7 +310,27 @@ def render_exact(ex: dict, note: Optional[str] = None) -> str:
               + " Every context (token position) weighs the same, while a run's sampled τ weighs every cycle the "
                 "same: compare methods within this table, not its values with Table 1's."
               + (f" Took {ex['seconds']:.0f} s." if ex.get("seconds") else "")]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + branch_lines) + "\n"
+
+
+def _render_branches(ex: dict) -> list[str]:
+    """Markdown: per method, P(path enters root child r) and E[tokens through it], averaged over contexts."""
+    from evaluation.tables import method_label
+
+    rows = [r for r in ex["rows"] if r.get("branches")]
+    if not rows:
+        return []
+    width = max(len(r["branches"]["enter"]) for r in rows)
+    lines = ["", "Where the tokens come from, averaged over the contexts: for each child of the root in tree order "
+                 "(rank), P(the accepted path enters its subtree) / E[tokens per cycle through it]; the rest of "
+                 "τ is the correction token of cycles that accept no draft token.", "",
+             "| Method | no draft token accepted | " + " | ".join(f"rank {r}" for r in range(width)) + " |",
+             "|---|---:|" + "---:|" * width]
+    for r in rows:
+        b = r["branches"]
+        cells = [f"{e:.3f} / {t:.3f}" for e, t in zip(b["enter"], b["tokens"])] + [""] * (width - len(b["enter"]))
+        lines.append(f"| {method_label(r['method'])} | {b['no_draft_accepted']:.3f} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def run_exact_tau(model, reference: Sequence[dict], questions: Sequence[dict], methods: Sequence[str], *,

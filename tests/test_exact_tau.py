@@ -25,6 +25,29 @@ def test_expected_tokens_of_a_hand_made_law():
     assert X.expected_tokens(law, torch.tensor([0, 1, 2])) == pytest.approx(0.2 * 1 + 0.5 * 2 + 0.3 * 3)
 
 
+def test_branch_usage_of_a_hand_made_law():
+    # root 0; children 1, 2 (ranks 0, 1); 3 under 1; 4 under 3
+    parents, depth = torch.tensor([-1, 0, 0, 1, 3]), torch.tensor([0, 1, 1, 2, 3])
+    law = torch.zeros(5, 3)
+    law[0, 0], law[1, 1], law[2, 2], law[3, 0], law[4, 1] = 0.1, 0.2, 0.3, 0.15, 0.25
+    enter, tokens = X.branch_usage(law, parents, depth)
+    assert enter == pytest.approx([0.2 + 0.15 + 0.25, 0.3])
+    assert tokens == pytest.approx([0.2 * 2 + 0.15 * 3 + 0.25 * 4, 0.3 * 2])
+    assert sum(tokens) + 1 - sum(enter) == pytest.approx(X.expected_tokens(law, depth))
+
+
+@pytest.mark.parametrize("method", ["rrsw", "univer"])
+def test_branch_usage_adds_up_to_exact_tau(tiny, method):
+    v = X.verifier_for(method, 1.0)
+    for s in range(3):
+        laws = tiny.tree_laws(torch.tensor([PROMPT + [s]]), tree_choices="mc_sim_7b_63", drafting=v.drafting,
+                              temperature=1.0, generator=torch.Generator().manual_seed(s))
+        law = v.outcome_probs(laws.parents, laws.tokens, laws.target_probs, laws.draft_probs)
+        enter, tokens = X.branch_usage(law, laws.parents, laws.depth)
+        assert len(enter) == 4 and all(0 <= e <= 1 for e in enter) and sum(enter) <= 1 + 1e-6
+        assert sum(tokens) + 1 - sum(enter) == pytest.approx(X.expected_tokens(law, laws.depth), abs=1e-6)  # law sums to 1 in float32
+
+
 @pytest.mark.parametrize("drafting", ["wor", "topk_residual"])
 def test_chain_exact_tau_equals_block_verification(tiny, drafting):
     from univer_patch import block
@@ -158,3 +181,5 @@ def test_cli_generates_its_reference_and_writes_tables(tiny, tmp_path, monkeypat
     assert ex["n_contexts"] == 8 and [r["method"] for r in ex["rows"]] == ["rrsw", "univer"]
     assert (tmp_path / "o" / "exact_tau.md").read_text().startswith("Exact expected τ")
     assert "| UniVer |" in capsys.readouterr().out
+    md = (tmp_path / "o" / "exact_tau.md").read_text()
+    assert "no draft token accepted" in md and all(r["branches"]["enter"] for r in ex["rows"])
