@@ -282,14 +282,19 @@ def test_features_shards_option_selects_shard_numbers(tiny, tmp_path):
             Fe.main(common + ["--shards", bad])
 
 
-def test_build_names_what_differs_from_the_plan(tmp_path, monkeypatch):
-    """A machine without an optional prompt source must not silently plan another pool: the error names it."""
-    pool = _pool()
-    stats = {"kinds": {}, "german_passages": 5, "chitchat_pairs": 0}
+def _fake_sources(tmp_path, monkeypatch, pool, stats):
+    """(prompts file, Spec-Bench file): empty stand-ins, with the pool builder patched to return ``pool``."""
     monkeypatch.setattr(C, "_build_pool", lambda args: (pool, dict(stats)))
     prompts, spec = tmp_path / "p.json", tmp_path / "q.jsonl"
     prompts.write_text("[]")
     spec.write_text("")
+    return prompts, spec
+
+
+def test_build_names_what_differs_from_the_plan(tmp_path, monkeypatch):
+    """A machine without an optional prompt source must not silently plan another pool: the error names it."""
+    pool = _pool()
+    prompts, spec = _fake_sources(tmp_path, monkeypatch, pool, {"kinds": {}, "german_passages": 5, "chitchat_pairs": 0})
     run = tmp_path / "root" / "r"
     run.mkdir(parents=True)
     args = {"run": "r", "base": "default", "seed": 0, "shard_size": 32, "gen_batch": 16, "max_new": 256, "max_prompt": 1024}
@@ -327,10 +332,7 @@ def test_build_from_pool_file_fills_the_same_plan(tmp_path, monkeypatch):
     accepted, another pool is refused in one line, and a missing file fails before any work."""
     pool = _pool()
     stats = {"kinds": {}, "german_passages": 5, "chitchat_pairs": 1}
-    monkeypatch.setattr(C, "_build_pool", lambda args: (pool, dict(stats)))
-    prompts, spec = tmp_path / "p.json", tmp_path / "q.jsonl"
-    prompts.write_text("[]")
-    spec.write_text("")
+    prompts, spec = _fake_sources(tmp_path, monkeypatch, pool, stats)
     root = tmp_path / "root"
     args = {"run": "r", "base": "default", "seed": 0, "shard_size": 4, "gen_batch": 16, "max_new": 256, "max_prompt": 1024}
     (root / "r").mkdir(parents=True)
