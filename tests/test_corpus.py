@@ -313,6 +313,9 @@ def test_pool_file_round_trip_and_damage(tmp_path):
     assert digest == C.pool_digest(pool)
     back, st = C.read_pool(f)
     assert back == pool and st == stats
+    assert C.read_pool(f, seed=0)[0] == pool
+    with pytest.raises(ValueError, match="shuffled with --seed 0, not 3"):
+        C.read_pool(f, seed=3)
     # an edited prompt no longer hashes to the recorded sha256
     obj = json.loads(gzip.decompress(f.read_bytes()))
     obj["pool"][0]["turns"][0] += " edited"
@@ -361,6 +364,9 @@ def test_build_from_pool_file_fills_the_same_plan(tmp_path, monkeypatch):
         C.main(common + ["--pool", str(other)])
     with pytest.raises(SystemExit):
         C.main(common + ["--pool", str(tmp_path / "missing.json.gz")])
+    with pytest.raises(SystemExit):  # a pool file of seed 0 cannot plan a --seed 3 run
+        C.main(common + ["--pool", str(pf), "--seed", "3", "--run", "r3"])
+    assert not (root / "r3").exists()
     # `corpus pool` refuses to export a pool that is not the plan's
     monkeypatch.setattr(C, "_build_pool", lambda args: (pool[:-1], dict(stats)))
     with pytest.raises(SystemExit, match="not the one"):

@@ -241,11 +241,12 @@ def write_pool(path: str | os.PathLike, pool: list[dict], pool_stats: dict, seed
     return digest
 
 
-def read_pool(path: str | os.PathLike) -> tuple[list[dict], dict]:
+def read_pool(path: str | os.PathLike, seed: int | None = None) -> tuple[list[dict], dict]:
     """Read a :func:`write_pool` file: ``(pool, pool_stats)``.
 
     Raises:
-        ValueError: the file is not a pool file, or its prompts do not hash to the sha256 it records.
+        ValueError: the file is not a pool file, its prompts do not hash to the sha256 it records, or
+            ``seed`` is given and is not the seed the file's pool was shuffled with.
     """
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -258,6 +259,8 @@ def read_pool(path: str | os.PathLike) -> tuple[list[dict], dict]:
     pool = obj["pool"]
     if pool_digest(pool) != obj.get("pool_sha256"):
         raise ValueError(f"{path}: the prompts do not hash to the recorded pool_sha256 (file damaged or edited)")
+    if seed is not None and obj.get("seed") != seed:
+        raise ValueError(f"{path} holds the pool shuffled with --seed {obj.get('seed')}, not {seed}")
     return pool, obj.get("stats", {})
 
 
@@ -437,17 +440,17 @@ def main(argv: list[str] | None = None) -> dict:
         if val < 1:
             ap.error(f"{flag} must be >= 1, got {val}")
     torch.set_num_threads(args.threads)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     if args.pool:
         try:
-            pool, pool_stats = read_pool(args.pool)
+            pool, pool_stats = read_pool(args.pool, seed=args.seed)
         except ValueError as e:
             ap.error(f"--pool: {e}")
     else:
         pool, pool_stats = _build_pool(args)
     shards = plan(pool, args.shard_size, args.temperature_rule)
     keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt", "temperature_rule", "gen_seed")
+    out.mkdir(parents=True, exist_ok=True)
     check_plan(out, {k: getattr(args, k) for k in keep}, pool, pool_stats)
     from .data import DTYPES, linears_of, load_base
 
