@@ -407,3 +407,6 @@ def test_sampled_rule_and_a_further_run_over_the_same_pool(tiny, tmp_path, monke
     with pytest.raises(SystemExit, match="must use its prompt pool"):
         C.check_plan(root / "c", {**base, "run": "c", "seed": 1}, list(reversed(pool)), stats)
     assert not (root / "c" / "plan.json").exists()
+    with pytest.raises(SystemExit, match="--shard-size"):   # same pool, other shards: other held-out prompts
+        C.check_plan(root / "c", {**base, "run": "c", "shard_size": 5}, pool, stats)
+    assert not (root / "c" / "plan.json").exists()

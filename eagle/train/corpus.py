@@ -42,7 +42,7 @@ held-out prompt is ever trained on. The held-out set that heads are compared on 
 
 Where the prompt sources are missing (a GPU machine has no ``shared/``, no chitchat-dataset package and
 no fortunes-de download), ``corpus pool --out POOL.json.gz`` writes the plan's pool here (prompts only,
-~3 MB; keep it out of git: its sources' licences apply) and ``build --pool POOL.json.gz`` there reads it;
+2.6 MB; keep it out of git: its sources' licences apply) and ``build --pool POOL.json.gz`` there reads it;
 its sha256 must equal the plan's ``pool_sha256``, so both machines fill the same plan.
 """
 from __future__ import annotations
@@ -278,10 +278,12 @@ def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dic
     if not plan_path.exists():
         for sib in sorted(run_dir.parent.glob("*/plan.json")):
             other = json.loads(sib.read_text())
-            if sib.parent != run_dir and other.get("pool_sha256") not in (None, pool_digest(pool)):
-                raise SystemExit(f"a new run beside {sib.parent.name} must use its prompt pool (same --seed and sources), "
-                                 f"so that its held-out prompts are the same and no held-out prompt is trained on; "
-                                 f"use --gen-seed and --temperature-rule sampled for new answers")
+            other_size = other.get("args", {}).get("shard_size", args_info["shard_size"])
+            if sib.parent != run_dir and (other.get("pool_sha256") not in (None, pool_digest(pool))
+                                          or other_size != args_info["shard_size"]):
+                raise SystemExit(f"a new run beside {sib.parent.name} must use its prompt pool and shards (same --seed, "
+                                 f"sources and --shard-size), so that its held-out prompts are the same and no held-out "
+                                 f"prompt is trained on; use --gen-seed and --temperature-rule sampled for new answers")
     info = {"args": args_info, "pool": len(pool), "pool_sha256": pool_digest(pool),
             "shards": -(-len(pool) // args_info["shard_size"]), **pool_stats}
     if plan_path.exists():
