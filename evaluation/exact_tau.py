@@ -84,13 +84,12 @@ def branch_usage(law, parents, depth) -> tuple[list[float], list[float]]:
     for _ in range(int(depth.max()) if depth.numel() else 0):   # climb to the depth-1 ancestor
         anc = torch.where(depth[anc] > 1, par[anc], anc)
     mass = law.to(torch.float64).sum(-1)
-    kids = torch.nonzero(depth == 1).flatten().tolist()
-    enter, tokens = [], []
-    for k in kids:
-        sel = (anc == k) & (depth >= 1)
-        enter.append(float(mass[sel].sum()))
-        tokens.append(float((mass[sel] * (depth[sel].to(torch.float64) + 1)).sum()))
-    return enter, tokens
+    below = depth >= 1                                           # every node but the root
+    zero = torch.zeros_like(mass)
+    enter = zero.index_add(0, anc[below], mass[below])
+    tokens = zero.index_add(0, anc[below], mass[below] * (depth[below].to(torch.float64) + 1))
+    kids = depth == 1
+    return enter[kids].tolist(), tokens[kids].tolist()
 
 
 def verifier_for(name: str, temperature: float):

@@ -275,16 +275,17 @@ def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dic
         SystemExit: with one line naming what differs (arguments, pool size, pool sha256, a missing source).
     """
     plan_path = run_dir / "plan.json"
+    digest = pool_digest(pool)
     if not plan_path.exists():
         for sib in sorted(run_dir.parent.glob("*/plan.json")):
             other = json.loads(sib.read_text())
             other_size = other.get("args", {}).get("shard_size", args_info["shard_size"])
-            if sib.parent != run_dir and (other.get("pool_sha256") not in (None, pool_digest(pool))
+            if sib.parent != run_dir and (other.get("pool_sha256") not in (None, digest)
                                           or other_size != args_info["shard_size"]):
                 raise SystemExit(f"a new run beside {sib.parent.name} must use its prompt pool and shards (same --seed, "
                                  f"sources and --shard-size), so that its held-out prompts are the same and no held-out "
                                  f"prompt is trained on; use --gen-seed and --temperature-rule sampled for new answers")
-    info = {"args": args_info, "pool": len(pool), "pool_sha256": pool_digest(pool),
+    info = {"args": args_info, "pool": len(pool), "pool_sha256": digest,
             "shards": -(-len(pool) // args_info["shard_size"]), **pool_stats}
     if plan_path.exists():
         old = json.loads(plan_path.read_text())
