@@ -298,9 +298,10 @@ def test_distribution_terms_on_draft_vocab_rows_are_the_renormalised_laws():
     q_k = torch.softmax(p @ W[d2t].T, -1)
     assert torch.allclose(ce, -(t_k * q_k.log()).sum(-1).mean(), atol=1e-5)
     assert torch.allclose(rej, 1 - torch.minimum(t_k, q_k).sum(-1).mean(), atol=1e-6)
-    assert float(acc) == float((q_k.argmax(-1) == t_k.argmax(-1)).float().mean())
+    assert acc.dtype == torch.bool and acc.shape == (6,)
+    assert torch.equal(acc, q_k.argmax(-1) == t_k.argmax(-1))
     top = q_k.topk(2, -1).indices
-    assert float(top2) == float((top == t_k.argmax(-1)[:, None]).any(-1).float().mean())
+    assert torch.equal(top2, (top == t_k.argmax(-1)[:, None]).any(-1))
 
 
 def test_train_with_draft_vocab_copies_it_beside_the_head(tiny_base, tiny_data, tmp_path):
@@ -333,3 +334,106 @@ def test_train_with_draft_vocab_copies_it_beside_the_head(tiny_base, tiny_data, 
     with pytest.raises(ValueError, match="no training sequences"):
         T.main(["--base", str(tiny_base), "--data", str(a), "--val-data", str(a), "--out", str(tmp_path / "h4"),
                 "--max-steps", "1", "--val-data-exclusive"])
+
+
+def _lookup_hits_naive(ids: list[int], n: int) -> list[bool]:
+    out = [False] * len(ids)
+    for i in range(n - 1, len(ids) - 1):
+        suffix = ids[i - n + 1:i + 1]
+        for k in range(i - 1, n - 2, -1):  # most recent earlier occurrence ending at k < i
+            if ids[k - n + 1:k + 1] == suffix:
+                out[i] = ids[k + 1] == ids[i + 1]
+                break
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_lookup_hits_equals_the_naive_prompt_lookup_rule(n):
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randint(0, 4, (3, 40), generator=g)  # small vocabulary: many repeats, hits and misses
+    got = T.lookup_hits(ids, n)
+    assert got.shape == ids.shape and got.dtype == torch.bool
+    for b in range(3):
+        assert got[b].tolist() == _lookup_hits_naive(ids[b].tolist(), n)
+    assert torch.equal(T.lookup_hits(ids[1], n), got[1])
+    assert got.any() and not got.all()
+
+
+def test_lookup_hits_marks_a_copied_phrase():
+    #          0  1  2  3  4  5  6  7  8  9
+    ids = torch.tensor([5, 6, 7, 8, 1, 2, 6, 7, 8, 3])
+    # at i=7 the 2-gram (6, 7) occurred at 1..2, followed by 8 == ids[8]: a copy; at i=8 (7, 8) -> 1 != 3
+    assert T.lookup_hits(ids).tolist() == [False] * 7 + [True, False, False]
+    with pytest.raises(ValueError, match="ngram"):
+        T.lookup_hits(ids, 0)
+    with pytest.raises(ValueError, match="shape"):
+        T.lookup_hits(ids[None, None])
+
+
+def _tiny_head_batch(seed=0, B=2, L=12, H=16, V=30):
+    from eagle.model.head import EagleHead
+    from transformers import LlamaConfig
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2,
+                      num_hidden_layers=1, max_position_embeddings=64)
+    hcfg = T.head_config_from_base(cfg, bias=True)
+    hcfg._attn_implementation = "sdpa"  # as train() sets it
+    head = EagleHead(hcfg, with_embeddings=True)
+    ids = torch.randint(0, 5, (B, L))
+    hid = torch.randn(B, L, H)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[:, :3] = False
+    return head, torch.randn(V, H), ids, hid, mask
+
+
+def test_copy_weight_one_is_the_plain_loss_and_all_copy_rows_change_nothing():
+    head, W, ids, hid, mask = _tiny_head_batch()
+    base, st0 = T.unrolled_loss(head, W, ids, hid, mask, steps=2)
+    copy = T.lookup_hits(ids)
+    same, st1 = T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy=copy, copy_weight=1.0)
+    assert torch.allclose(base, same) and st0["acc_by_depth"] == st1["acc_by_depth"]
+    every, _ = T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy=torch.ones_like(copy), copy_weight=5.0)
+    assert torch.allclose(base, every, atol=1e-6)  # a weighted mean with equal weights
+    with pytest.raises(ValueError, match="copy_weight"):
+        T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy_weight=2.0)
+    with pytest.raises(ValueError, match="copy_weight"):
+        T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy=copy, copy_weight=0.0)
+
+
+def test_copy_weight_is_a_weighted_mean_over_rows():
+    """Weight w on one row equals that row repeated w times (w integer), for every term of depth 1."""
+    head, W, ids, hid, mask = _tiny_head_batch(seed=1, B=1)
+    copy = torch.zeros_like(mask)
+    copy[0, 6] = True                       # loss row of head position 5
+    weighted, _ = T.unrolled_loss(head, W, ids, hid, mask, steps=1, copy=copy, copy_weight=3.0, w_tv=0.5)
+    # by hand: per-row terms of the plain loss at depth 1
+    feat = hid[:, :-1]
+    pred = head(ids[:, 1:], feat)
+    sel = mask[:, 1:]
+    p, tgt = pred[sel], hid[:, 1:][sel]
+    reg = torch.nn.functional.smooth_l1_loss(p, tgt, reduction="none").mean(-1)
+    t_prob = torch.softmax(tgt @ W.T, -1)
+    logp = torch.log_softmax(p @ W.T, -1)
+    ce = -(t_prob * logp).sum(-1)
+    acc = torch.minimum(t_prob, logp.exp()).sum(-1)
+    w = torch.ones(p.shape[0])
+    w[copy[:, 1:][sel]] = 3.0
+    want = (reg * w).sum() / w.sum() + 0.1 * (ce * w).sum() / w.sum() + 0.5 * (1 - (acc * w).sum() / w.sum())
+    assert torch.allclose(weighted, want, atol=1e-5)
+
+
+def test_evaluate_splits_copy_and_other_positions():
+    head, W, ids, hid, mask = _tiny_head_batch(seed=2, B=3, L=20)
+    seqs = [{"ids": ids[b], "mask": mask[b], "hidden": hid[b]} for b in range(3)]
+    ev = T.evaluate(head, W, seqs, 4096, depths=3, split_copy=True)
+    for j in range(3):
+        assert ev["copy"]["n_by_depth"][j] + ev["other"]["n_by_depth"][j] == ev["n_by_depth"][j]
+        mixed = (ev["copy"]["acc_by_depth"][j] * ev["copy"]["n_by_depth"][j]
+                 + ev["other"]["acc_by_depth"][j] * ev["other"]["n_by_depth"][j]) / ev["n_by_depth"][j]
+        assert abs(mixed - ev["acc_by_depth"][j]) < 1e-9
+    assert 0 < ev["copy"]["n_by_depth"][0] < ev["n_by_depth"][0]
+    plain = T.evaluate(head, W, seqs, 4096, depths=3)
+    assert plain["acc_by_depth"] == ev["acc_by_depth"] and "copy" not in plain
+    with pytest.raises(ValueError, match="depths"):
+        T.evaluate(head, W, seqs, 4096, depths=1, split_copy=True)

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from eagle.model.head import EagleHead, head_config_from_base
 
-__all__ = ["load_sequences", "make_batches", "collate", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
+__all__ = ["load_sequences", "make_batches", "collate", "lookup_hits", "COPY_NGRAM", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
            "train", "main"]
 
 
@@ -133,12 +133,64 @@ def collate(seqs: list[dict], idx: list[int], device: str | torch.device = "cpu"
     return ids.to(device), hid.to(device), mask.to(device)
 
 
+#: n-gram length of the prompt-lookup rule that defines copy positions (:func:`lookup_hits`)
+COPY_NGRAM = 2
+
+
+def lookup_hits(ids: torch.Tensor, ngram: int = COPY_NGRAM) -> torch.Tensor:
+    """Copy positions: where the next token is what prompt lookup would draft from the text so far.
+
+    ``hits[b, i]`` is True when ``ids[b, i + 1]`` equals the token that followed the most recent
+    earlier occurrence (ending before ``i``) of the ``ngram`` tokens ``ids[b, i - ngram + 1 .. i]``.
+    With the training alignment (module docstring) the loss row of head position ``t`` is mask index
+    ``t + 1``, whose flag says whether the token the head drafts there (``x_{t+2}``) continues an
+    n-gram already in the context: a copy from the prompt or from the answer so far. Pure and
+    vectorised (``[B, L, L]`` booleans), on ``ids``' device.
+
+    Args:
+        ids: int64 ``[B, L]`` or ``[L]`` token ids (padding may create matches only among pad positions).
+        ngram: length of the matched suffix (>= 1).
+
+    Returns:
+        bool tensor of ``ids``' shape; the first ``ngram - 1`` and the last column are False.
+
+    Raises:
+        ValueError: ``ngram < 1`` or ``ids`` not 1-D / 2-D.
+    """
+    if ngram < 1:
+        raise ValueError(f"ngram must be >= 1, got {ngram}")
+    if ids.dim() not in (1, 2):
+        raise ValueError(f"ids must be [L] or [B, L], got shape {tuple(ids.shape)}")
+    one = ids.dim() == 1
+    x = ids[None] if one else ids
+    B, L = x.shape
+    eq = x[:, :, None] == x[:, None, :]                      # [B, L, L]: x[i] == x[k]
+    match = eq.clone()
+    for m in range(1, ngram):                                # and x[i-m] == x[k-m]
+        shifted = torch.zeros_like(eq)
+        shifted[:, m:, m:] = eq[:, :-m, :-m]
+        match &= shifted
+    i = torch.arange(L, device=x.device)
+    match &= (i[None, :] < i[:, None])[None] & (i[None, :] >= ngram - 1)[None] & (i[:, None] >= ngram - 1)[None]
+    last = torch.where(match, i[None, None, :], torch.full_like(match, -1, dtype=torch.long)).amax(-1)  # [B, L]
+    pred = x.gather(1, (last + 1).clamp(max=L - 1))
+    hits = torch.zeros_like(x, dtype=torch.bool)
+    hits[:, :-1] = (last[:, :-1] >= 0) & (pred[:, :-1] == x[:, 1:])
+    return hits[0] if one else hits
+
+
+def _weighted_mean(v: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    return v.mean() if w is None else (v * w).sum() / w.sum()
+
+
 def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Tensor, ce_frac: float,
-                        generator: torch.Generator | None, top_k: int = 4
+                        generator: torch.Generator | None, top_k: int = 4, row_weight: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(soft cross-entropy, 1 - acceptance, top-1 agreement, top-``top_k`` agreement) of predicted
+    """(soft cross-entropy, 1 - acceptance, top-1 hit per row, top-``top_k`` hit per row) of predicted
     features ``p`` [N, H] against target features ``tgt`` [N, H], on a random ``ce_frac`` of the rows
-    (drawn with ``generator``).
+    (drawn with ``generator``; all rows, in order, when ``ce_frac >= 1``). The hits are bool ``[N']``
+    over the rows used; their means are the top-1 / top-``top_k`` agreements. ``row_weight`` (float
+    ``[N]``, optional) turns the CE and acceptance means into weighted means.
 
     ``lm_head_w`` is ``[V', H]``: the full lm_head, or its draft-vocabulary rows (``--draft-vocab``),
     in which case both laws are the softmax over those rows (the target's renormalised on them: per
@@ -154,19 +206,20 @@ def _distribution_terms(p: torch.Tensor, tgt: torch.Tensor, lm_head_w: torch.Ten
         k = max(1, int(round(n * ce_frac)))
         pick = torch.randperm(n, generator=generator, device=p.device)[:k]
         p, tgt = p[pick], tgt[pick]
+        row_weight = None if row_weight is None else row_weight[pick]
     with torch.no_grad():
         t_logits = tgt @ lm_head_w.T                       # [N, V']
         t_prob = torch.softmax(t_logits, -1)
         t_top = t_logits.argmax(-1)
         del t_logits
     logp = torch.log_softmax(p @ lm_head_w.T, -1)          # [N, V']
-    ce = -(t_prob * logp).sum(-1).mean()
-    rej = 1.0 - torch.minimum(t_prob, logp.exp()).sum(-1).mean()
+    ce = _weighted_mean(-(t_prob * logp).sum(-1), row_weight)
+    rej = 1.0 - _weighted_mean(torch.minimum(t_prob, logp.exp()).sum(-1), row_weight)
     with torch.no_grad():
         d_top = logp.topk(min(top_k, lm_head_w.shape[0]), -1).indices
-        acc = (d_top[:, 0] == t_top).float().mean()
-        topk = (d_top == t_top[:, None]).any(-1).float().mean()
-    return ce, rej, acc, topk
+        top1_hit = d_top[:, 0] == t_top
+        topk_hit = (d_top == t_top[:, None]).any(-1)
+    return ce, rej, top1_hit, topk_hit
 
 
 def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid: torch.Tensor, mask: torch.Tensor,
@@ -201,7 +254,8 @@ def eagle_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid:
         z = pred.sum() * 0.0
         return z, {"reg": 0.0, "ce": 0.0, "tv": 0.0, "acc": 0.0, "n": 0}
     reg = F.smooth_l1_loss(p, tgt, reduction="none").mean(-1).mean()
-    ce, rej, acc, _ = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
+    ce, rej, top1_hit, _ = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator)
+    acc = top1_hit.float().mean()
     loss = w_reg * reg + w_ce * ce + w_tv * rej
     return loss, {"reg": float(reg.detach()), "ce": float(ce.detach()), "tv": float(rej.detach()),
                   "acc": float(acc), "n": n}
@@ -257,7 +311,8 @@ def unrolled_features(head: EagleHead, tokens: torch.Tensor, features: torch.Ten
 def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid: torch.Tensor, mask: torch.Tensor,
                   steps: int, decay: float = 0.8, noise: float = 0.0, w_reg: float = 1.0, w_ce: float = 0.1,
                   ce_frac: float = 1.0, generator: torch.Generator | None = None, w_tv: float = 0.0,
-                  top_k: int = 4) -> tuple[torch.Tensor, dict]:
+                  top_k: int = 4, copy: torch.Tensor | None = None, copy_weight: float = 1.0
+                  ) -> tuple[torch.Tensor, dict]:
     """Multi-step (training-time test) loss: draft depths ``1..steps`` on the head's OWN features.
 
     Step 1 is EAGLE-1's teacher-forced pass (input ``(x_{t+1}, f_t + noise)``). Step ``j >= 2`` at
@@ -273,13 +328,25 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
         steps: unrolled depths (1 = :func:`eagle_loss`'s terms).
         top_k: also report whether the target's argmax is among the draft's ``top_k`` tokens (on the
             cross-entropy's rows).
+        copy: bool ``[B, L]`` copy positions (:func:`lookup_hits` of ``ids``), optional. With it and
+            ``ce_frac >= 1`` the stats also hold ``acc_by_depth_copy``, ``topk_by_depth_copy`` and
+            ``n_by_depth_copy`` (the rows whose drafted token continues an n-gram of the context).
+        copy_weight: loss weight of copy rows relative to the others (1.0: every row alike; needs ``copy``).
+            Each term is then a weighted mean over the rows of its depth.
 
     Returns:
         (scalar loss, stats with ``reg``, ``ce``, ``tv``, ``acc``, ``n`` of depth 1 and lists
         ``acc_by_depth``, ``topk_by_depth``, ``n_by_depth``).
+
+    Raises:
+        ValueError: ``steps < 1``, ``copy_weight <= 0``, or ``copy_weight != 1`` without ``copy``.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if copy_weight <= 0 or (copy_weight != 1.0 and copy is None):
+        raise ValueError(f"copy_weight must be > 0 and needs copy positions, got {copy_weight} (copy given: "
+                         f"{copy is not None})")
+    split = copy is not None and ce_frac >= 1.0
     feat = hid[:, :-1]
     if noise > 0:
         feat = feat + (torch.rand(feat.shape, generator=generator, device=feat.device) * 2 - 1) * noise
@@ -287,24 +354,38 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
     tgt_all = hid[:, 1:]
     total = feat.sum() * 0.0
     stats = {"acc_by_depth": [], "topk_by_depth": [], "n_by_depth": []}
+    if split:
+        stats.update(acc_by_depth_copy=[], topk_by_depth_copy=[], n_by_depth_copy=[])
     for j, out in enumerate(outs, start=1):
         sel = mask[:, 1:].clone()
         sel[:, :j - 1] = False
         p, tgt = out[sel], tgt_all[sel]
         m = int(p.shape[0])
+        c = copy[:, 1:][sel] if copy is not None else None                      # [m] copy rows
+        w = None if copy_weight == 1.0 else 1.0 + (copy_weight - 1.0) * c.float()
         if m:
-            reg = F.smooth_l1_loss(p, tgt, reduction="none").mean(-1).mean()
-            ce, rej, acc, topk = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator, top_k)
+            reg = _weighted_mean(F.smooth_l1_loss(p, tgt, reduction="none").mean(-1), w)
+            ce, rej, hit1, hitk = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator, top_k, row_weight=w)
+            acc, topk = hit1.float().mean(), hitk.float().mean()
             total = total + decay ** (j - 1) * (w_reg * reg + w_ce * ce + w_tv * rej)
             if j == 1:
                 stats.update(reg=float(reg.detach()), ce=float(ce.detach()), tv=float(rej.detach()), acc=float(acc))
             stats["acc_by_depth"].append(float(acc))
             stats["topk_by_depth"].append(float(topk))
+            if split:
+                mc = int(c.sum())
+                stats["acc_by_depth_copy"].append(float(hit1[c].float().mean()) if mc else 0.0)
+                stats["topk_by_depth_copy"].append(float(hitk[c].float().mean()) if mc else 0.0)
+                stats["n_by_depth_copy"].append(mc)
         else:
             if j == 1:
                 stats.update(reg=0.0, ce=0.0, tv=0.0, acc=0.0)
             stats["acc_by_depth"].append(0.0)
             stats["topk_by_depth"].append(0.0)
+            if split:
+                stats["acc_by_depth_copy"].append(0.0)
+                stats["topk_by_depth_copy"].append(0.0)
+                stats["n_by_depth_copy"].append(0)
         stats["n_by_depth"].append(m)
     stats["n"] = stats["n_by_depth"][0]
     return total, stats
@@ -312,7 +393,8 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
 
 @torch.no_grad()
 def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_tokens: int,
-             w_reg: float = 1.0, w_ce: float = 0.1, depths: int = 1, w_tv: float = 0.0) -> dict:
+             w_reg: float = 1.0, w_ce: float = 0.1, depths: int = 1, w_tv: float = 0.0,
+             split_copy: bool = False) -> dict:
     """Held-out loss / top-1 over all counted positions of ``seqs`` (no noise), position-weighted, on
     ``lm_head_w``'s device (``head`` must be there too).
 
@@ -320,21 +402,31 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
     result also holds ``acc_by_depth`` / ``top4_by_depth`` / ``n_by_depth`` for draft depths
     ``1..depths``: the probability that the head's argmax (or top 4) contains the target's argmax at
     that depth of the accepted path (the greedy per-level acceptance along the target's own text).
+    ``split_copy`` (needs ``depths > 1``) adds ``"copy"`` and ``"other"``: the same three lists over the
+    copy positions (:func:`lookup_hits`: the drafted token continues an n-gram of the context) and
+    over the rest.
     """
+    if split_copy and depths < 2:
+        raise ValueError("split_copy needs depths >= 2")
     head.eval()
     tot = {"reg": 0.0, "ce": 0.0, "tv": 0.0, "acc": 0.0, "n": 0}
     acc_d = [0.0] * depths
     top_d = [0.0] * depths
     n_d = [0] * depths
+    acc_c, top_c, n_c = [0.0] * depths, [0.0] * depths, [0] * depths
     for idx in make_batches(seqs, batch_tokens, random.Random(0)):
         ids, hid, mask = collate(seqs, idx, lm_head_w.device)
         if depths > 1:
             _, st = unrolled_loss(head, lm_head_w, ids, hid, mask, steps=depths, noise=0.0, w_reg=w_reg, w_ce=w_ce,
-                                  w_tv=w_tv)
+                                  w_tv=w_tv, copy=lookup_hits(ids) if split_copy else None)
             for j in range(depths):
                 acc_d[j] += st["acc_by_depth"][j] * st["n_by_depth"][j]
                 top_d[j] += st["topk_by_depth"][j] * st["n_by_depth"][j]
                 n_d[j] += st["n_by_depth"][j]
+                if split_copy:
+                    acc_c[j] += st["acc_by_depth_copy"][j] * st["n_by_depth_copy"][j]
+                    top_c[j] += st["topk_by_depth_copy"][j] * st["n_by_depth_copy"][j]
+                    n_c[j] += st["n_by_depth_copy"][j]
         else:
             _, st = eagle_loss(head, lm_head_w, ids, hid, mask, noise=0.0, w_reg=w_reg, w_ce=w_ce, w_tv=w_tv)
         for k in ("reg", "ce", "tv", "acc"):
@@ -349,6 +441,13 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
         out["acc_by_depth"] = [acc_d[j] / max(n_d[j], 1) for j in range(depths)]
         out["top4_by_depth"] = [top_d[j] / max(n_d[j], 1) for j in range(depths)]
         out["n_by_depth"] = n_d
+    if split_copy:
+        n_o = [n_d[j] - n_c[j] for j in range(depths)]
+        out["copy"] = {"acc_by_depth": [acc_c[j] / max(n_c[j], 1) for j in range(depths)],
+                       "top4_by_depth": [top_c[j] / max(n_c[j], 1) for j in range(depths)], "n_by_depth": n_c}
+        out["other"] = {"acc_by_depth": [(acc_d[j] - acc_c[j]) / max(n_o[j], 1) for j in range(depths)],
+                        "top4_by_depth": [(top_d[j] - top_c[j]) / max(n_o[j], 1) for j in range(depths)],
+                        "n_by_depth": n_o}
     return out
 
 
@@ -371,6 +470,9 @@ def _load_target_parts(base: str):
 
 def train(args) -> dict:
     """Run training as configured by the parsed CLI ``args``; returns the log dict (also saved)."""
+    copy_weight = float(getattr(args, "copy_weight", 1.0))
+    if copy_weight <= 0:
+        raise ValueError(f"--copy-weight must be > 0, got {copy_weight}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -496,10 +598,12 @@ def train(args) -> dict:
             lr = lr_at(step)
             for g in opt.param_groups:
                 g["lr"] = lr
-            if args.unroll > 1:
-                loss, st = unrolled_loss(head, lm_w_loss, *collate(tr, idx, device), steps=args.unroll, decay=args.unroll_decay,
+            if args.unroll > 1 or copy_weight != 1.0:
+                ids, hid, mask = collate(tr, idx, device)
+                loss, st = unrolled_loss(head, lm_w_loss, ids, hid, mask, steps=args.unroll, decay=args.unroll_decay,
                                          noise=args.noise, w_reg=args.w_reg, w_ce=args.w_ce, ce_frac=args.ce_frac,
-                                         generator=gen, w_tv=args.w_tv)
+                                         generator=gen, w_tv=args.w_tv, copy_weight=copy_weight,
+                                         copy=lookup_hits(ids) if copy_weight != 1.0 else None)
             else:
                 loss, st = eagle_loss(head, lm_w_loss, *collate(tr, idx, device), noise=args.noise, w_reg=args.w_reg,
                                       w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
@@ -577,6 +681,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--unroll", type=int, default=1,
                     help="train draft depths 1..k on the head's own features (training-time test; 1 = EAGLE-1)")
     ap.add_argument("--unroll-decay", type=float, default=0.8, help="loss weight of depth j is decay**(j-1)")
+    ap.add_argument("--copy-weight", type=float, default=1.0,
+                    help="loss weight of copy positions (the drafted token continues a 2-gram already in the context, "
+                         "lookup_hits) relative to the others; 1.0 = every position alike")
     ap.add_argument("--eval-depths", type=int, default=1,
                     help="held-out top-1/top-4 per draft depth 1..k (unrolled on the head's own features)")
     ap.add_argument("--val-frac", type=float, default=0.03)
