@@ -1,0 +1,263 @@
+"""Where speculative cycles lose tokens, read from an answer file (no model run).
+
+``python -m evaluation.cycle_losses --answers FILE.jsonl[.gz] [--question-file Q] [--model default] [--out DIR]``
+
+An answer file of :mod:`evaluation.gen_answer` holds, per turn, the generated token ids and the
+tokens each cycle appended (``accept_lengths``: accepted draft tokens + 1). Cycle ``c`` of a turn
+starts after ``j_c = 1 + a_1 + ... + a_{c-1}`` generated tokens (the prefill produced the first),
+so the token its depth-1 drafts had to hit is generated token ``j_c``. Per category group this
+reports:
+
+* ``tau`` = tokens per cycle (the harness's metric) and ``tau_by_position`` = ``E[a^2] / E[a]``, the
+  mean acceptance length seen from a uniformly drawn generated token. The second is what exact tau on
+  evenly spread contexts (:mod:`evaluation.exact_tau`) estimates; per-cycle tau is below it whenever
+  acceptance varies, because stretches where the head fails take one cycle per token.
+* ``p_no_draft`` = P(a cycle accepts no draft token).
+* copy positions (:func:`eagle.train.train.lookup_hits`): a cycle start is a copy when the token to
+  hit continues a 2-gram already in the context (prompt, earlier turns, answer so far), i.e. when
+  prompt lookup would have drafted it. ``copy_share`` = share of cycle starts that are copies;
+  ``p_no_draft_copy`` / ``p_no_draft_other`` = P(no draft accepted) at copy / other starts;
+  ``copy_share_of_failures`` = share of the no-draft cycles that were copies. A head that copies as
+  well as it does on its own held-out text fails far less often at copies than elsewhere.
+
+Only temperature-0 answers say which token the drafts had to hit; at temperature > 0 the numbers
+describe the sampled text. Writes ``cycle_losses.json`` and ``cycle_losses.md`` to ``--out``.
+
+``--heads A[,B...]`` also scores draft heads teacher-forced on the answers' own text, exactly as
+:mod:`eagle.train.heldout` scores them on held-out corpus text (top-1 / top-4 per draft depth, split
+into copy and other positions): the target re-reads prompt + answer, and each head is unrolled on its
+own features. With temperature-0 answers this is the Spec-Bench counterpart of the held-out table,
+so the two show whether a head's accuracy carries over from its training distribution (the answers
+are only scored, never trained on).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+__all__ = ["cycle_records", "summarize_cycles", "render_cycles", "answer_token_records", "score_heads_on_answers",
+           "main"]
+
+
+def cycle_records(record: dict, question: dict, prompt_ids: Callable[[list], list]) -> list[dict]:
+    """One entry per cycle of one answer record: ``{"turn", "start", "a", "copy"}``.
+
+    Args:
+        record: an answer record (``choices[0]`` with ``turns``, ``new_token_ids``, ``accept_lengths``,
+            ``decoding_steps``).
+        question: its Spec-Bench question (``turns``).
+        prompt_ids: ``messages -> list[int]``, the run's prompt format with its tokenizer.
+
+    Raises:
+        ValueError: the record lacks ``new_token_ids`` / ``accept_lengths`` / ``decoding_steps``, or its
+            cycles append more tokens than the turn generated.
+    """
+    import torch
+
+    from eagle.train.train import lookup_hits
+    from evaluation.questions import build_messages
+
+    c = record["choices"][0]
+    for k in ("new_token_ids", "accept_lengths", "decoding_steps"):
+        if k not in c:
+            raise ValueError(f"answer {record.get('question_id')}: no {k!r} (written by an older harness?)")
+    out, first = [], 0
+    for turn, (ids, steps) in enumerate(zip(c["new_token_ids"], c["decoding_steps"])):
+        acc = c["accept_lengths"][first:first + int(steps)]
+        first += int(steps)
+        if 1 + sum(acc) < len(ids) or sum(acc) > len(ids):
+            raise ValueError(f"answer {record.get('question_id')} turn {turn}: {len(acc)} cycles append {sum(acc)} "
+                             f"tokens to a turn of {len(ids)}")
+        prompt = list(prompt_ids(build_messages(question["turns"][: turn + 1], c["turns"][:turn])))
+        full = torch.tensor(prompt + list(ids), dtype=torch.long)
+        hits = lookup_hits(full).tolist()
+        j = 1
+        for a in acc:
+            if j >= len(ids):  # the last cycle's drafts had no token left to hit
+                break
+            out.append({"turn": turn, "start": j, "a": int(a), "copy": bool(hits[len(prompt) + j - 1])})
+            j += int(a)
+    return out
+
+
+def _stats(cyc: Sequence[dict]) -> dict:
+    n = len(cyc)
+    a = [x["a"] for x in cyc]
+    fail = [x for x in cyc if x["a"] == 1]
+    cp = [x for x in cyc if x["copy"]]
+    other = [x for x in cyc if not x["copy"]]
+    frac = lambda num, den: (num / den) if den else None  # noqa: E731
+    return {"cycles": n, "tau": frac(sum(a), n), "tau_by_position": frac(sum(x * x for x in a), sum(a)),
+            "p_no_draft": frac(len(fail), n), "copy_share": frac(len(cp), n),
+            "p_no_draft_copy": frac(sum(x["a"] == 1 for x in cp), len(cp)),
+            "p_no_draft_other": frac(sum(x["a"] == 1 for x in other), len(other)),
+            "copy_share_of_failures": frac(sum(x["copy"] for x in fail), len(fail))}
+
+
+def summarize_cycles(per_answer: Sequence[tuple[str, list[dict]]]) -> dict:
+    """``{"groups": {group: stats}, "all": stats}`` over ``(category group, cycle_records)`` pairs
+    (every cycle counts once; the groups in first-seen order)."""
+    groups: dict[str, list] = defaultdict(list)
+    for g, cyc in per_answer:
+        groups[g].extend(cyc)
+    return {"groups": {g: _stats(c) for g, c in groups.items()}, "all": _stats([x for c in groups.values() for x in c])}
+
+
+def render_cycles(res: dict, source: str = "") -> str:
+    """Markdown table of :func:`summarize_cycles`."""
+    cols = [("cycles", "{:d}"), ("tau", "{:.2f}"), ("tau_by_position", "{:.2f}"), ("p_no_draft", "{:.3f}"),
+            ("copy_share", "{:.3f}"), ("p_no_draft_copy", "{:.3f}"), ("p_no_draft_other", "{:.3f}"),
+            ("copy_share_of_failures", "{:.3f}")]
+    fmt = lambda f, v: "-" if v is None else f.format(v)  # noqa: E731
+    lines = [f"Cycles of {source}" if source else "Cycles", "",
+             "| group | " + " | ".join(c for c, _ in cols) + " |", "|---" * (1 + len(cols)) + "|"]
+    for g, s in list(res["groups"].items()) + [("all", res["all"])]:
+        lines.append(f"| {g} | " + " | ".join(fmt(f, s[c]) for c, f in cols) + " |")
+    lines += ["", "tau: tokens per cycle; tau_by_position: E[a^2]/E[a], the acceptance length seen from a uniformly "
+              "drawn token; p_no_draft: P(no draft token accepted); copy: the token to hit continues a 2-gram already "
+              "in the context (prompt lookup would draft it)."]
+    return "\n".join(lines) + "\n"
+
+
+def answer_token_records(records: Sequence[dict], questions: dict, prompt_ids: Callable[[list], list]) -> list[dict]:
+    """Answer records as corpus-format records (``{"turns": [{"prompt_ids", "answer_ids"}]}``, one per
+    turn) for :func:`eagle.train.features.build_feature_shard`: each turn's prompt is the run's prompt
+    of that turn (earlier turns' answers included), its answer the generated token ids."""
+    from evaluation.questions import build_messages
+
+    out = []
+    for r in records:
+        c, q = r["choices"][0], questions[int(r["question_id"])]
+        for turn, ids in enumerate(c["new_token_ids"]):
+            p = list(prompt_ids(build_messages(q["turns"][: turn + 1], c["turns"][:turn])))
+            out.append({"turns": [{"prompt_ids": p, "answer_ids": list(ids)}]})
+    return out
+
+
+def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], base: str = "default",
+                           depths: int = 5, max_len: int = 2048, device: str = "cpu") -> dict:
+    """Teacher-forced top-1 / top-4 per draft depth of each head on the answers' text, split into copy
+    and other positions (:func:`eagle.train.heldout.evaluate_heads`); ``{"sequences", "positions",
+    "heads": {head: {top1_by_depth, top4_by_depth, n_by_depth, copy: {...}, other: {...}}}}``.
+
+    Raises:
+        ValueError: ``depths < 2`` (the copy split needs the unrolled evaluation).
+    """
+    from eagle.train.data import _pad_id, load_base
+    from eagle.train.features import build_feature_shard
+    from eagle.train.heldout import evaluate_heads
+
+    if depths < 2:
+        raise ValueError(f"depths must be >= 2, got {depths}")
+    model, tok = load_base(base, device=device)
+    t = build_feature_shard(model, list(token_records), max_len=max_len, batch_tokens=4096, pad_id=_pad_id(tok))
+    off = t["offsets"].tolist()
+    ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
+    seqs = [{"ids": ids[a:b], "mask": mask[a:b], "hidden": t["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
+    res = evaluate_heads(list(heads), seqs, model, depths)
+    r4 = lambda v: [round(float(x), 4) for x in v]  # noqa: E731
+    return {"sequences": len(seqs), "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)),
+            "heads": {h: {"top1_by_depth": r4(r["acc_by_depth"]), "top4_by_depth": r4(r["top4_by_depth"]),
+                          "n_by_depth": r["n_by_depth"],
+                          **{part: {"top1_by_depth": r4(r[part]["acc_by_depth"]),
+                                    "top4_by_depth": r4(r[part]["top4_by_depth"]),
+                                    "n_by_depth": r[part]["n_by_depth"]} for part in ("copy", "other")}}
+                      for h, r in res.items()}}
+
+
+def _render_heads(sc: dict) -> str:
+    lines = ["", f"Heads teacher-forced on the answers' text ({sc['sequences']} turns, {sc['positions']} positions at "
+                 f"depth 1): top-1 / top-4 at draft depth d, all positions, copy positions, the others", ""]
+    depths = len(next(iter(sc["heads"].values()))["top1_by_depth"])
+    lines.append("| head | part | " + " | ".join(f"top-1 d{d}" for d in range(1, depths + 1)) + " | "
+                 + " | ".join(f"top-4 d{d}" for d in range(1, depths + 1)) + " | positions d1 |")
+    lines.append("|---" * (3 + 2 * depths) + "|")
+    for h, r in sc["heads"].items():
+        for part, v in (("all", r), ("copy", r["copy"]), ("other", r["other"])):
+            lines.append(f"| {h} | {part} | " + " | ".join(f"{x:.3f}" for x in v["top1_by_depth"]) + " | "
+                         + " | ".join(f"{x:.3f}" for x in v["top4_by_depth"]) + f" | {v['n_by_depth'][0]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    """Command-line entry point; prints the table, writes JSON + markdown, returns the result."""
+    from evaluation.questions import category_group
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--answers", required=True, help="answer file (.jsonl or .jsonl.gz) of a speculative method")
+    ap.add_argument("--question-file", default="../shared/specbench/question.jsonl")
+    ap.add_argument("--model", default="", help="tokenizer source (default: the answers' model; 'default' = the "
+                                                "embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--out", default="", help="folder for cycle_losses.json / .md (default: print only)")
+    ap.add_argument("--heads", default="", help="comma-separated head folders to score teacher-forced on the answers' "
+                                                "text (loads the target; default: none)")
+    ap.add_argument("--base", default="default", help="target for --heads (HF folder / hub id, or 'default')")
+    ap.add_argument("--depths", type=int, default=5, help="draft depths for --heads (>= 2)")
+    ap.add_argument("--max-len", type=int, default=2048, help="tokens per turn (prompt + answer) for --heads")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args(argv)
+    heads = [h for h in args.heads.split(",") if h]
+    for h in heads:
+        if not (Path(h) / "config.json").is_file():
+            ap.error(f"--heads: {h} has no config.json")
+    if args.depths < 2 or args.max_len < 3:
+        ap.error("--depths must be >= 2 and --max-len >= 3")
+    ans, qf = Path(args.answers), Path(args.question_file)
+    if not ans.is_file():
+        ap.error(f"--answers: no file {ans}")
+    if not qf.is_file():
+        ap.error(f"--question-file: no file {qf}")
+    from evaluation.speed import load_answers
+    from evaluation.templates import PromptFormat
+
+    recs = load_answers(str(ans))
+    if not recs:
+        ap.error(f"--answers: {ans} holds no answers")
+    fmt_rec = recs[0].get("prompt_format")
+    if not fmt_rec:
+        ap.error(f"--answers: {ans} does not record its prompt_format (written by an older harness)")
+    questions = {int(json.loads(x)["question_id"]): json.loads(x) for x in qf.read_text().splitlines() if x.strip()}
+    missing = [r["question_id"] for r in recs if int(r["question_id"]) not in questions]
+    if missing:
+        ap.error(f"--question-file: {qf} lacks questions {missing[:5]} of the answers")
+    model = args.model or recs[0].get("model", "default")
+    if model == "default":
+        from eagle.model.default import default_base_folder
+
+        model = str(default_base_folder())
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    fmt = PromptFormat(fmt_rec["name"], fmt_rec.get("source", ""), fmt_rec.get("reason", ""))
+    per = []
+    for r in recs:
+        q = questions[int(r["question_id"])]
+        per.append((category_group(q["category"]), cycle_records(r, q, lambda m: fmt.ids(tok, m))))
+    res = summarize_cycles(per)
+    res.update(answers=str(ans), temperature=recs[0].get("temperature"), method=recs[0].get("method"),
+               tree=recs[0].get("tree"), head=recs[0].get("head"), n_answers=len(recs))
+    md = render_cycles(res, f"{ans.name} ({len(recs)} answers)")
+    if heads:
+        import torch
+
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        res["heads_on_answers"] = score_heads_on_answers(
+            heads, answer_token_records(recs, questions, lambda m: fmt.ids(tok, m)), base=args.base, depths=args.depths,
+            max_len=args.max_len)
+        md += _render_heads(res["heads_on_answers"])
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cycle_losses.json").write_text(json.dumps(res, indent=1))
+        (out / "cycle_losses.md").write_text(md)
+        print(f"wrote {out / 'cycle_losses.json'} and {out / 'cycle_losses.md'}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
