@@ -35,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+
+import torch
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -55,8 +57,6 @@ def cycle_records(record: dict, question: dict, prompt_ids: Callable[[list], lis
         ValueError: the record lacks ``new_token_ids`` / ``accept_lengths`` / ``decoding_steps``, or its
             cycles append more tokens than the turn generated.
     """
-    import torch
-
     from eagle.train.train import lookup_hits
     from evaluation.questions import build_messages
 
@@ -137,35 +137,72 @@ def answer_token_records(records: Sequence[dict], questions: dict, prompt_ids: C
     return out
 
 
+#: copy distance buckets (tokens back to the matched earlier occurrence), [lo, hi)
+COPY_DISTANCES = ((1, 16), (16, 64), (64, 256), (256, None))
+
+
 def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], base: str = "default",
-                           depths: int = 5, max_len: int = 2048, device: str = "cpu") -> dict:
+                           depths: int = 5, max_len: int = 2048, device: str = "cpu",
+                           groups: Optional[Sequence[str]] = None) -> dict:
     """Teacher-forced top-1 / top-4 per draft depth of each head on the answers' text, split into copy
-    and other positions (:func:`eagle.train.heldout.evaluate_heads`); ``{"sequences", "positions",
-    "heads": {head: {top1_by_depth, top4_by_depth, n_by_depth, copy: {...}, other: {...}}}}``.
+    and other positions (:func:`eagle.train.heldout.evaluate_heads`).
+
+    Args:
+        token_records: :func:`answer_token_records` output (one turn each).
+        groups: category group of each token record (optional): adds depth-1 scores per group.
+
+    Returns:
+        ``{"sequences", "positions", "heads": {head: {top1_by_depth, top4_by_depth, n_by_depth, copy: {...},
+        other: {...}, "by_group": {group: {"copy"|"other": {top1, top4, n}}}, "copy_by_distance":
+        [{"lo", "hi", "top1", "top4", "n"}]}}}``: the last two at draft depth 1 (``hi`` None = no bound).
 
     Raises:
-        ValueError: ``depths < 2`` (the copy split needs the unrolled evaluation).
+        ValueError: ``depths < 2`` (the copy split needs the unrolled evaluation), or ``groups`` of
+            another length than ``token_records``.
     """
+    from eagle.model.head import EagleHead
     from eagle.train.data import _pad_id, load_base
     from eagle.train.features import build_feature_shard
-    from eagle.train.heldout import evaluate_heads
+    from eagle.train.train import evaluate, lookup_hits
 
     if depths < 2:
         raise ValueError(f"depths must be >= 2, got {depths}")
+    if groups is not None and len(groups) != len(token_records):
+        raise ValueError(f"groups has {len(groups)} entries for {len(token_records)} token records")
     model, tok = load_base(base, device=device)
     t = build_feature_shard(model, list(token_records), max_len=max_len, batch_tokens=4096, pad_id=_pad_id(tok))
     off = t["offsets"].tolist()
     ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
     seqs = [{"ids": ids[a:b], "mask": mask[a:b], "hidden": t["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
-    res = evaluate_heads(list(heads), seqs, model, depths)
+    copy_dist = [lookup_hits(s["ids"], return_distance=True) for s in seqs]
+    emb = model.get_input_embeddings()
+    w = model.get_output_embeddings().weight.detach().float()
     r4 = lambda v: [round(float(x), 4) for x in v]  # noqa: E731
-    return {"sequences": len(seqs), "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)),
-            "heads": {h: {"top1_by_depth": r4(r["acc_by_depth"]), "top4_by_depth": r4(r["top4_by_depth"]),
-                          "n_by_depth": r["n_by_depth"],
-                          **{part: {"top1_by_depth": r4(r[part]["acc_by_depth"]),
-                                    "top4_by_depth": r4(r[part]["top4_by_depth"]),
-                                    "n_by_depth": r[part]["n_by_depth"]} for part in ("copy", "other")}}
-                      for h, r in res.items()}}
+
+    def depth1(head, keep) -> dict:  # depth-1 scores on the positions where keep[k] (bool [L]) holds
+        sub = [{**s, "mask": s["mask"] & k} for s, k in zip(seqs, keep)]
+        ev = evaluate(head, w, sub, 2048, depths=2)
+        return {"top1": round(ev["acc_by_depth"][0], 4), "top4": round(ev["top4_by_depth"][0], 4),
+                "n": ev["n_by_depth"][0]}
+
+    out = {}
+    for h in heads:
+        head = EagleHead.from_pretrained(h, embedding=emb).float().to(w.device)
+        r = evaluate(head, w, seqs, 2048, depths=depths, split_copy=True)
+        rec = {"top1_by_depth": r4(r["acc_by_depth"]), "top4_by_depth": r4(r["top4_by_depth"]),
+               "n_by_depth": r["n_by_depth"],
+               **{part: {"top1_by_depth": r4(r[part]["acc_by_depth"]), "top4_by_depth": r4(r[part]["top4_by_depth"]),
+                         "n_by_depth": r[part]["n_by_depth"]} for part in ("copy", "other")}}
+        # a head position's row is mask index t + 1, whose flag lookup_hits gives at the same index
+        rec["copy_by_distance"] = [
+            {"lo": lo, "hi": hi, **depth1(head, [c & (d >= lo) & ((d < hi) if hi else True) for c, d in copy_dist])}
+            for lo, hi in COPY_DISTANCES]
+        if groups is not None:
+            rec["by_group"] = {g: {part: depth1(head, [(c if part == "copy" else ~c) & torch.tensor(gg == g)
+                                                       for (c, _), gg in zip(copy_dist, groups)])
+                                   for part in ("copy", "other")} for g in dict.fromkeys(groups)}
+        out[h] = rec
+    return {"sequences": len(seqs), "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)), "heads": out}
 
 
 def _render_heads(sc: dict) -> str:
@@ -179,6 +216,21 @@ def _render_heads(sc: dict) -> str:
         for part, v in (("all", r), ("copy", r["copy"]), ("other", r["other"])):
             lines.append(f"| {h} | {part} | " + " | ".join(f"{x:.3f}" for x in v["top1_by_depth"]) + " | "
                          + " | ".join(f"{x:.3f}" for x in v["top4_by_depth"]) + f" | {v['n_by_depth'][0]} |")
+    lines += ["", "Depth 1, copy positions by how far back the copied 2-gram occurred (tokens): top-1 / top-4 (n)", "",
+              "| head | " + " | ".join(f"{d['lo']}-{d['hi'] - 1}" if d["hi"] else f"{d['lo']}+"
+                                      for d in next(iter(sc["heads"].values()))["copy_by_distance"]) + " |",
+              "|---" * (1 + len(COPY_DISTANCES)) + "|"]
+    for h, r in sc["heads"].items():
+        lines.append(f"| {h} | " + " | ".join(f"{d['top1']:.3f} / {d['top4']:.3f} ({d['n']})"
+                                              for d in r["copy_by_distance"]) + " |")
+    first = next(iter(sc["heads"].values()))
+    if "by_group" in first:
+        lines += ["", "Depth 1 per category group: top-1 at copy / other positions (n copy / n other)", "",
+                  "| head | " + " | ".join(first["by_group"]) + " |", "|---" * (1 + len(first["by_group"])) + "|"]
+        for h, r in sc["heads"].items():
+            lines.append(f"| {h} | " + " | ".join(
+                f"{v['copy']['top1']:.3f} / {v['other']['top1']:.3f} ({v['copy']['n']} / {v['other']['n']})"
+                for v in r["by_group"].values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -241,13 +293,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                tree=recs[0].get("tree"), head=recs[0].get("head"), n_answers=len(recs))
     md = render_cycles(res, f"{ans.name} ({len(recs)} answers)")
     if heads:
-        import torch
-
         if args.threads > 0:
             torch.set_num_threads(args.threads)
+        groups = [category_group(questions[int(r["question_id"])]["category"])
+                  for r in recs for _ in r["choices"][0]["new_token_ids"]]  # one per turn, as the token records
         res["heads_on_answers"] = score_heads_on_answers(
             heads, answer_token_records(recs, questions, lambda m: fmt.ids(tok, m)), base=args.base, depths=args.depths,
-            max_len=args.max_len)
+            max_len=args.max_len, groups=groups)
         md += _render_heads(res["heads_on_answers"])
     print(md)
     if args.out:

@@ -119,10 +119,16 @@ def test_score_heads_on_answers_counts_every_answer_position(tmp_path):
     EagleHead(head_config_from_base(cfg, bias=True), with_embeddings=False).save_pretrained(head_dir)
     recs = [{"turns": [{"prompt_ids": [2, 3, 4, 5], "answer_ids": [3, 4, 5, 6, 3, 4, 5]}]},
             {"turns": [{"prompt_ids": [7, 8], "answer_ids": [9, 2, 9, 2, 9]}]}]
-    sc = C.score_heads_on_answers([str(head_dir)], recs, base=str(base), depths=2)
+    sc = C.score_heads_on_answers([str(head_dir)], recs, base=str(base), depths=2, groups=["qa", "rag"])
     r = sc["heads"][str(head_dir)]
+    assert sum(d["n"] for d in r["copy_by_distance"]) == r["copy"]["n_by_depth"][0]
+    assert sum(v[p]["n"] for v in r["by_group"].values() for p in ("copy", "other")) == 12
+    assert r["by_group"]["qa"]["copy"]["n"] + r["by_group"]["qa"]["other"]["n"] == 7  # its answer tokens
+    assert "copy positions by how far back" in C._render_heads(sc)
     assert sc["sequences"] == 2 and sc["positions"] == 12 == r["n_by_depth"][0]
     assert r["copy"]["n_by_depth"][0] + r["other"]["n_by_depth"][0] == 12 and r["copy"]["n_by_depth"][0] > 0
     assert all(0.0 <= x <= 1.0 for x in r["top1_by_depth"] + r["top4_by_depth"])
     with pytest.raises(ValueError, match="depths"):
         C.score_heads_on_answers([str(head_dir)], recs, base=str(base), depths=1)
+    with pytest.raises(ValueError, match="groups"):
+        C.score_heads_on_answers([str(head_dir)], recs, base=str(base), groups=["qa"])

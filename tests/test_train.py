@@ -364,6 +364,9 @@ def test_lookup_hits_marks_a_copied_phrase():
     ids = torch.tensor([5, 6, 7, 8, 1, 2, 6, 7, 8, 3])
     # at i=7 the 2-gram (6, 7) occurred at 1..2, followed by 8 == ids[8]: a copy; at i=8 (7, 8) -> 1 != 3
     assert T.lookup_hits(ids).tolist() == [False] * 7 + [True, False, False]
+    hits, dist = T.lookup_hits(ids, return_distance=True)
+    assert hits.tolist() == T.lookup_hits(ids).tolist()
+    assert dist[7] == 5 and dist[8] == 5 and dist[0] == 0  # (6, 7) ends at 2 and 7; (7, 8) at 3 and 8
     with pytest.raises(ValueError, match="ngram"):
         T.lookup_hits(ids, 0)
     with pytest.raises(ValueError, match="shape"):

@@ -137,7 +137,7 @@ def collate(seqs: list[dict], idx: list[int], device: str | torch.device = "cpu"
 COPY_NGRAM = 2
 
 
-def lookup_hits(ids: torch.Tensor, ngram: int = COPY_NGRAM) -> torch.Tensor:
+def lookup_hits(ids: torch.Tensor, ngram: int = COPY_NGRAM, return_distance: bool = False):
     """Copy positions: where the next token is what prompt lookup would draft from the text so far.
 
     ``hits[b, i]`` is True when ``ids[b, i + 1]`` equals the token that followed the most recent
@@ -151,8 +151,12 @@ def lookup_hits(ids: torch.Tensor, ngram: int = COPY_NGRAM) -> torch.Tensor:
         ids: int64 ``[B, L]`` or ``[L]`` token ids (padding may create matches only among pad positions).
         ngram: length of the matched suffix (>= 1).
 
+        return_distance: also return ``i - k`` (int64, ``ids``' shape), where ``k`` is the end of the
+            matched earlier occurrence (0 where there is none): how far back the copy reaches.
+
     Returns:
-        bool tensor of ``ids``' shape; the first ``ngram - 1`` and the last column are False.
+        bool tensor of ``ids``' shape; the first ``ngram - 1`` and the last column are False (and the
+        distances with ``return_distance``).
 
     Raises:
         ValueError: ``ngram < 1`` or ``ids`` not 1-D / 2-D.
@@ -176,7 +180,10 @@ def lookup_hits(ids: torch.Tensor, ngram: int = COPY_NGRAM) -> torch.Tensor:
     pred = x.gather(1, (last + 1).clamp(max=L - 1))
     hits = torch.zeros_like(x, dtype=torch.bool)
     hits[:, :-1] = (last[:, :-1] >= 0) & (pred[:, :-1] == x[:, 1:])
-    return hits[0] if one else hits
+    if not return_distance:
+        return hits[0] if one else hits
+    dist = torch.where(last >= 0, i[None, :] - last, torch.zeros_like(last))
+    return (hits[0], dist[0]) if one else (hits, dist)
 
 
 def _weighted_mean(v: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
