@@ -54,16 +54,30 @@ def cycle_records(record: dict, question: dict, prompt_ids: Callable[[list], lis
         prompt_ids: ``messages -> list[int]``, the run's prompt format with its tokenizer.
 
     Raises:
-        ValueError: the record lacks ``new_token_ids`` / ``accept_lengths`` / ``decoding_steps``, or its
-            cycles append more tokens than the turn generated.
+        ValueError: the record lacks ``choices[0]`` / ``new_token_ids`` / ``accept_lengths`` /
+            ``decoding_steps``, an accept length is not an integer >= 1, ``decoding_steps`` do not split the
+            cycles over the turns, the question has fewer turns, or a turn's cycles append more (or fewer)
+            tokens than it generated.
     """
     from eagle.train.train import lookup_hits
     from evaluation.questions import build_messages
 
-    c = record["choices"][0]
-    for k in ("new_token_ids", "accept_lengths", "decoding_steps"):
+    qid = record.get("question_id")
+    choices = record.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError(f"answer {qid}: 'choices' must be a non-empty list of objects")
+    c = choices[0]
+    for k in ("new_token_ids", "accept_lengths", "decoding_steps", "turns"):
         if k not in c:
-            raise ValueError(f"answer {record.get('question_id')}: no {k!r} (written by an older harness?)")
+            raise ValueError(f"answer {qid}: no {k!r} (written by an older harness?)")
+    acc_all, steps_all = c["accept_lengths"], c["decoding_steps"]
+    if any(not isinstance(a, int) or isinstance(a, bool) or a < 1 for a in acc_all):
+        raise ValueError(f"answer {qid}: accept_lengths must be integers >= 1 (tokens a cycle appended)")
+    if len(steps_all) != len(c["new_token_ids"]) or sum(int(x) for x in steps_all) != len(acc_all):
+        raise ValueError(f"answer {qid}: decoding_steps {list(steps_all)} do not split its {len(acc_all)} cycles over "
+                         f"its {len(c['new_token_ids'])} turns")
+    if len(question["turns"]) < len(c["new_token_ids"]):
+        raise ValueError(f"answer {qid}: {len(c['new_token_ids'])} turns, its question has {len(question['turns'])}")
     out, first = [], 0
     for turn, (ids, steps) in enumerate(zip(c["new_token_ids"], c["decoding_steps"])):
         acc = c["accept_lengths"][first:first + int(steps)]
@@ -262,32 +276,59 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         ap.error(f"--answers: no file {ans}")
     if not qf.is_file():
         ap.error(f"--question-file: no file {qf}")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out: {args.out} exists and is not a folder")
+    from evaluation.questions import load_questions
     from evaluation.speed import load_answers
     from evaluation.templates import PromptFormat
 
-    recs = load_answers(str(ans))
+    try:
+        recs = load_answers(str(ans))
+    except ValueError as e:
+        ap.error(f"--answers: {str(e).splitlines()[0]}")
     if not recs:
         ap.error(f"--answers: {ans} holds no answers")
+    try:
+        qids = [int(r["question_id"]) for r in recs]
+    except (KeyError, TypeError, ValueError):
+        ap.error(f"--answers: {ans} has an answer without an integer question_id")
+    if len(set(qids)) != len(qids):
+        ap.error(f"--answers: {ans} holds question {next(q for q in qids if qids.count(q) > 1)} more than once")
+    for key in ("method", "temperature", "tree", "prompt_format", "model", "head"):
+        values = {json.dumps(r.get(key), sort_keys=True) for r in recs}
+        if len(values) > 1:
+            ap.error(f"--answers: {ans} mixes answers of different runs ({key}: {sorted(values)[:3]})")
+    if recs[0].get("method") == "naive":
+        ap.error(f"--answers: {ans} is plain decoding (one token per step); pass a speculative method's answers")
     fmt_rec = recs[0].get("prompt_format")
-    if not fmt_rec:
+    if not isinstance(fmt_rec, dict) or "name" not in fmt_rec:
         ap.error(f"--answers: {ans} does not record its prompt_format (written by an older harness)")
-    questions = {int(json.loads(x)["question_id"]): json.loads(x) for x in qf.read_text().splitlines() if x.strip()}
-    missing = [r["question_id"] for r in recs if int(r["question_id"]) not in questions]
+    try:
+        questions = {int(q["question_id"]): q for q in load_questions(qf)}
+    except (ValueError, TypeError) as e:
+        ap.error(f"--question-file: {str(e).splitlines()[0]}")
+    missing = [q for q in qids if q not in questions]
     if missing:
         ap.error(f"--question-file: {qf} lacks questions {missing[:5]} of the answers")
     model = args.model or recs[0].get("model", "default")
-    if model == "default":
-        from eagle.model.default import default_base_folder
+    try:
+        if model == "default":
+            from eagle.model.default import default_base_folder
 
-        model = str(default_base_folder())
-    from transformers import AutoTokenizer
+            model = str(default_base_folder())
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+        tok = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError, ModuleNotFoundError) as e:
+        ap.error(f"--model: cannot load the tokenizer of {model!r}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     fmt = PromptFormat(fmt_rec["name"], fmt_rec.get("source", ""), fmt_rec.get("reason", ""))
     per = []
     for r in recs:
         q = questions[int(r["question_id"])]
-        per.append((category_group(q["category"]), cycle_records(r, q, lambda m: fmt.ids(tok, m))))
+        try:
+            per.append((category_group(q["category"]), cycle_records(r, q, lambda m: fmt.ids(tok, m))))
+        except ValueError as e:
+            ap.error(f"--answers: {e}")
     res = summarize_cycles(per)
     res.update(answers=str(ans), temperature=recs[0].get("temperature"), method=recs[0].get("method"),
                tree=recs[0].get("tree"), head=recs[0].get("head"), n_answers=len(recs))

@@ -53,6 +53,18 @@ def test_cycle_records_rejects_inconsistent_records():
         C.cycle_records(bad, q, _prompt_ids)
 
 
+@pytest.mark.parametrize("ids, accept, steps, match", [
+    ([[1, 2, 3, 4, 5]], [0, 2, 2], [3], "integers >= 1"),
+    ([[1, 2, 3, 4, 5]], [-1, 3, 2], [3], "integers >= 1"),
+    ([[1, 2, 3], [4, 5, 6]], [1, 1, 1, 1], [4], "split"),        # one entry for two turns
+    ([[1, 2, 3], [4, 5, 6]], [1, 1, 1, 1], [1, 2], "split")])    # 3 of 4 cycles
+def test_cycle_records_rejects_bad_cycles(ids, accept, steps, match):
+    rec = {"question_id": 1, "choices": [{"turns": ["x"] * len(ids), "new_token_ids": ids, "decoding_steps": steps,
+                                          "accept_lengths": accept}]}
+    with pytest.raises(ValueError, match=match):
+        C.cycle_records(rec, {"turns": ["a", "b"]}, _prompt_ids)
+
+
 def test_summary_numbers_by_hand():
     cyc = [{"a": 1, "copy": True}, {"a": 3, "copy": False}, {"a": 1, "copy": False}, {"a": 2, "copy": True}]
     res = C.summarize_cycles([("qa", cyc[:2]), ("rag", cyc[2:])])
@@ -95,6 +107,20 @@ def test_main_fails_on_bad_flags_before_loading_anything(tmp_path, capsys):
     with pytest.raises(SystemExit):
         C.main(["--answers", str(f), "--question-file", str(tmp_path / "q.jsonl"), "--heads", str(tmp_path)])
     assert "--heads" in capsys.readouterr().err
+    q = str(tmp_path / "q.jsonl")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        C.main(["--answers", str(f), "--question-file", q, "--out", str(tmp_path / "file")])
+    assert "--out" in capsys.readouterr().err
+    base = {**_record([[1, 2]], [[1]]), "category": "qa", "prompt_format": {"name": "chat_template"}, "method": "rrsw"}
+    for recs, says in (([base, {**base, "method": "univer", "question_id": 2}], "mixes"),
+                       ([base, base], "more than once"),
+                       ([{**base, "method": "naive"}], "plain decoding")):
+        g = tmp_path / "b.jsonl"
+        g.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        with pytest.raises(SystemExit):
+            C.main(["--answers", str(g), "--question-file", q])
+        assert says in capsys.readouterr().err
 
 
 def test_score_heads_on_answers_counts_every_answer_position(tmp_path):

@@ -369,6 +369,8 @@ def test_lookup_hits_marks_a_copied_phrase():
     assert dist[7] == 5 and dist[8] == 5 and dist[0] == 0  # (6, 7) ends at 2 and 7; (7, 8) at 3 and 8
     with pytest.raises(ValueError, match="ngram"):
         T.lookup_hits(ids, 0)
+    empty = torch.zeros(0, dtype=torch.long)
+    assert T.lookup_hits(empty).shape == (0,) and T.lookup_hits(empty[None], return_distance=True)[1].shape == (1, 0)
     with pytest.raises(ValueError, match="shape"):
         T.lookup_hits(ids[None, None])
 
@@ -400,8 +402,16 @@ def test_copy_weight_one_is_the_plain_loss_and_all_copy_rows_change_nothing():
     assert torch.allclose(base, every, atol=1e-6)  # a weighted mean with equal weights
     with pytest.raises(ValueError, match="copy_weight"):
         T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy_weight=2.0)
-    with pytest.raises(ValueError, match="copy_weight"):
-        T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy=copy, copy_weight=0.0)
+    for bad in (0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="copy_weight"):
+            T.unrolled_loss(head, W, ids, hid, mask, steps=2, copy=copy, copy_weight=bad)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf"])
+def test_copy_weight_flag_is_checked_before_any_work(bad, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        T.main(["--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"), "--copy-weight", bad])
+    assert "--copy-weight" in capsys.readouterr().err
 
 
 def test_copy_weight_is_a_weighted_mean_over_rows():

@@ -168,6 +168,11 @@ def lookup_hits(ids: torch.Tensor, ngram: int = COPY_NGRAM, return_distance: boo
     one = ids.dim() == 1
     x = ids[None] if one else ids
     B, L = x.shape
+    if L == 0:
+        hits = torch.zeros_like(x, dtype=torch.bool)
+        dist = torch.zeros_like(x, dtype=torch.long)
+        hits, dist = (hits[0], dist[0]) if one else (hits, dist)
+        return (hits, dist) if return_distance else hits
     eq = x[:, :, None] == x[:, None, :]                      # [B, L, L]: x[i] == x[k]
     match = eq.clone()
     for m in range(1, ngram):                                # and x[i-m] == x[k-m]
@@ -350,7 +355,7 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    if copy_weight <= 0 or (copy_weight != 1.0 and copy is None):
+    if not (math.isfinite(copy_weight) and copy_weight > 0) or (copy_weight != 1.0 and copy is None):
         raise ValueError(f"copy_weight must be > 0 and needs copy positions, got {copy_weight} (copy given: "
                          f"{copy is not None})")
     split = copy is not None and ce_frac >= 1.0
@@ -478,8 +483,8 @@ def _load_target_parts(base: str):
 def train(args) -> dict:
     """Run training as configured by the parsed CLI ``args``; returns the log dict (also saved)."""
     copy_weight = float(getattr(args, "copy_weight", 1.0))
-    if copy_weight <= 0:
-        raise ValueError(f"--copy-weight must be > 0, got {copy_weight}")
+    if not (math.isfinite(copy_weight) and copy_weight > 0):
+        raise ValueError(f"--copy-weight must be a finite number > 0, got {copy_weight}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -705,6 +710,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     add_device_argument(ap)
     args = ap.parse_args(argv)
+    if not (math.isfinite(args.copy_weight) and args.copy_weight > 0):
+        ap.error(f"--copy-weight must be a finite number > 0, got {args.copy_weight}")
     args.device = parse_device(ap, args.device)
     return train(args)
 
