@@ -177,6 +177,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
     from eagle.model.head import EagleHead
     from eagle.train.data import _pad_id, load_base
     from eagle.train.features import build_feature_shard
+    from eagle.train.heldout import depth_summary, shard_sequences
     from eagle.train.train import evaluate, lookup_hits
 
     if depths < 2:
@@ -185,13 +186,10 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
         raise ValueError(f"groups has {len(groups)} entries for {len(token_records)} token records")
     model, tok = load_base(base, device=device)
     t = build_feature_shard(model, list(token_records), max_len=max_len, batch_tokens=4096, pad_id=_pad_id(tok))
-    off = t["offsets"].tolist()
-    ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
-    seqs = [{"ids": ids[a:b], "mask": mask[a:b], "hidden": t["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
+    seqs = shard_sequences(t)
     copy_dist = [lookup_hits(s["ids"], return_distance=True) for s in seqs]
     emb = model.get_input_embeddings()
     w = model.get_output_embeddings().weight.detach().float()
-    r4 = lambda v: [round(float(x), 4) for x in v]  # noqa: E731
 
     def depth1(head, keep) -> dict:  # depth-1 scores on the positions where keep[k] (bool [L]) holds
         sub = [{**s, "mask": s["mask"] & k} for s, k in zip(seqs, keep)]
@@ -203,10 +201,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
     for h in heads:
         head = EagleHead.from_pretrained(h, embedding=emb).float().to(w.device)
         r = evaluate(head, w, seqs, 2048, depths=depths, split_copy=True)
-        rec = {"top1_by_depth": r4(r["acc_by_depth"]), "top4_by_depth": r4(r["top4_by_depth"]),
-               "n_by_depth": r["n_by_depth"],
-               **{part: {"top1_by_depth": r4(r[part]["acc_by_depth"]), "top4_by_depth": r4(r[part]["top4_by_depth"]),
-                         "n_by_depth": r[part]["n_by_depth"]} for part in ("copy", "other")}}
+        rec = depth_summary(r)
         # a head position's row is mask index t + 1, whose flag lookup_hits gives at the same index
         rec["copy_by_distance"] = [
             {"lo": lo, "hi": hi, **depth1(head, [c & (d >= lo) & ((d < hi) if hi else True) for c, d in copy_dist])}

@@ -26,7 +26,26 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["heldout_sequences", "evaluate_heads", "main"]
+__all__ = ["heldout_sequences", "shard_sequences", "depth_summary", "evaluate_heads", "main"]
+
+
+def shard_sequences(t: dict) -> list[dict]:
+    """Per-sequence views (``ids`` int64, ``mask`` bool, ``hidden``) of a feature shard's tensors
+    (:func:`eagle.train.features.build_feature_shard`)."""
+    off = t["offsets"].tolist()
+    ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
+    return [{"ids": ids[a:b], "mask": mask[a:b], "hidden": t["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
+
+
+def depth_summary(r: dict) -> dict:
+    """JSON-ready per-depth scores of one :func:`eagle.train.train.evaluate` result: ``top1_by_depth``,
+    ``top4_by_depth`` (4 decimals), ``n_by_depth``, and the same for its ``copy`` / ``other`` parts if present."""
+    r4 = lambda v: [round(float(x), 4) for x in v]  # noqa: E731
+    out = {"top1_by_depth": r4(r["acc_by_depth"]), "top4_by_depth": r4(r["top4_by_depth"]), "n_by_depth": r["n_by_depth"]}
+    for part in ("copy", "other"):
+        if part in r:
+            out[part] = depth_summary(r[part])
+    return out
 
 
 def heldout_sequences(model, corpus, max_records: int, max_len: int | None = None, pad_id: int = 0,
@@ -50,10 +69,7 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
     if not recs:
         raise ValueError(f"{corpus}: no held-out records at temperature {temperature} (build them with "
                          f"`python -m eagle.train.corpus build --split heldout`)")
-    t = build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id)
-    off = t["offsets"].tolist()
-    ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
-    return [{"ids": ids[a:b], "mask": mask[a:b], "hidden": t["hidden"][a:b]} for a, b in zip(off[:-1], off[1:])]
+    return shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
 
 
 def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, batch_tokens: int = 2048) -> dict:
@@ -106,14 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature, "sequences": len(seqs),
                "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)), "depths": args.depths,
                "seconds": round(time.time() - t0, 1),
-               "heads": {h: {"top1_by_depth": [round(x, 4) for x in r["acc_by_depth"]],
-                             "top4_by_depth": [round(x, 4) for x in r["top4_by_depth"]],
-                             "n_by_depth": r["n_by_depth"], "smoothl1": round(r["reg"], 4), "ce": round(r["ce"], 4),
-                             "tv": round(r["tv"], 4),
-                             **{part: {"top1_by_depth": [round(x, 4) for x in r[part]["acc_by_depth"]],
-                                       "top4_by_depth": [round(x, 4) for x in r[part]["top4_by_depth"]],
-                                       "n_by_depth": r[part]["n_by_depth"]} for part in ("copy", "other") if part in r}}
-                       for h, r in res.items()}}
+               "heads": {h: {**depth_summary(r), "smoothl1": round(r["reg"], 4), "ce": round(r["ce"], 4),
+                             "tv": round(r["tv"], 4)} for h, r in res.items()}}
     print(f"held-out: {summary['sequences']} sequences, {summary['positions']} positions at depth 1")
     print("| head | " + " | ".join(f"top-1 d{d}" for d in range(1, args.depths + 1)) + " | "
           + " | ".join(f"top-4 d{d}" for d in range(1, args.depths + 1)) + " |")
