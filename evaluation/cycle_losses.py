@@ -153,6 +153,28 @@ def answer_token_records(records: Sequence[dict], questions: dict, prompt_ids: C
 
 #: copy distance buckets (tokens back to the matched earlier occurrence), [lo, hi)
 COPY_DISTANCES = ((1, 16), (16, 64), (64, 256), (256, None))
+#: copy run-length buckets (earlier positions of the same verbatim copy), [lo, hi); the last two also
+#: split by distance: inside a long copy from far back a drafter that can look back should never miss
+COPY_RUNS = ((0, 1, 1), (1, 4, 1), (4, None, 1), (4, None, 64))
+
+
+def copy_run_lengths(hits: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
+    """How many positions in a row before each one copied from the same place (a verbatim copy run).
+
+    Args:
+        hits, dist: :func:`eagle.train.train.lookup_hits` output with ``return_distance`` (``[L]``).
+
+    Returns:
+        int64 ``[L]``: 0 where position ``i`` is not a copy or starts a copy; ``r`` when positions
+        ``i - r .. i`` are all copies at the same distance (so they continue one earlier passage).
+    """
+    L = hits.numel()
+    idx = torch.arange(L, device=hits.device)
+    cont = torch.zeros(L, dtype=torch.bool, device=hits.device)
+    if L > 1:
+        cont[1:] = hits[1:] & hits[:-1] & (dist[1:] == dist[:-1])
+    start = torch.where(cont, torch.zeros_like(idx), idx)      # positions that begin a run (or are no copy)
+    return torch.where(hits, idx - torch.cummax(start, 0).values, torch.zeros_like(idx))
 
 
 def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], base: str = "default",
@@ -168,7 +190,9 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
     Returns:
         ``{"sequences", "positions", "heads": {head: {top1_by_depth, top4_by_depth, n_by_depth, copy: {...},
         other: {...}, "by_group": {group: {"copy"|"other": {top1, top4, n}}}, "copy_by_distance":
-        [{"lo", "hi", "top1", "top4", "n"}]}}}``: the last two at draft depth 1 (``hi`` None = no bound).
+        [{"lo", "hi", "top1", "top4", "n"}], "copy_by_run": [{"lo", "hi", "min_distance", "top1", "top4",
+        "n"}]}}}``: the last three at draft depth 1 (``hi`` None = no bound; runs: :func:`copy_run_lengths`,
+        :data:`COPY_RUNS`).
 
     Raises:
         ValueError: ``depths < 2`` (the copy split needs the unrolled evaluation), or ``groups`` of
@@ -188,6 +212,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
     t = build_feature_shard(model, list(token_records), max_len=max_len, batch_tokens=4096, pad_id=_pad_id(tok))
     seqs = shard_sequences(t)
     copy_dist = [lookup_hits(s["ids"], return_distance=True) for s in seqs]
+    runs = [copy_run_lengths(c, d) for c, d in copy_dist]
     emb = model.get_input_embeddings()
     w = model.get_output_embeddings().weight.detach().float()
 
@@ -206,6 +231,10 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
         rec["copy_by_distance"] = [
             {"lo": lo, "hi": hi, **depth1(head, [c & (d >= lo) & ((d < hi) if hi else True) for c, d in copy_dist])}
             for lo, hi in COPY_DISTANCES]
+        rec["copy_by_run"] = [
+            {"lo": lo, "hi": hi, "min_distance": dmin,
+             **depth1(head, [c & (r >= lo) & ((r < hi) if hi else True) & (d >= dmin) for (c, d), r in zip(copy_dist, runs)])}
+            for lo, hi, dmin in COPY_RUNS]
         if groups is not None:
             rec["by_group"] = {g: {part: depth1(head, [(c if part == "copy" else ~c) & torch.tensor(gg == g)
                                                        for (c, _), gg in zip(copy_dist, groups)])
@@ -233,6 +262,16 @@ def _render_heads(sc: dict) -> str:
         lines.append(f"| {h} | " + " | ".join(f"{d['top1']:.3f} / {d['top4']:.3f} ({d['n']})"
                                               for d in r["copy_by_distance"]) + " |")
     first = next(iter(sc["heads"].values()))
+    if "copy_by_run" in first:
+        lines += ["", "Depth 1, copy positions by how many positions before them continued the same copy (run), "
+                      "and how far back it reaches: top-1 / top-4 (n)", "",
+                  "| head | " + " | ".join(
+                      (f"run {d['lo']}-{d['hi'] - 1}" if d["hi"] else f"run {d['lo']}+")
+                      + (f", {d['min_distance']}+ back" if d["min_distance"] > 1 else "") for d in first["copy_by_run"])
+                  + " |", "|---" * (1 + len(first["copy_by_run"])) + "|"]
+        for h, r in sc["heads"].items():
+            lines.append(f"| {h} | " + " | ".join(f"{d['top1']:.3f} / {d['top4']:.3f} ({d['n']})"
+                                                  for d in r["copy_by_run"]) + " |")
     if "by_group" in first:
         lines += ["", "Depth 1 per category group: top-1 at copy / other positions (n copy / n other)", "",
                   "| head | " + " | ".join(first["by_group"]) + " |", "|---" * (1 + len(first["by_group"])) + "|"]

@@ -5,7 +5,9 @@ import gzip
 import json
 
 import pytest
+import torch
 
+from eagle.train import train as T
 from evaluation import cycle_losses as C
 
 
@@ -151,6 +153,9 @@ def test_score_heads_on_answers_counts_every_answer_position(tmp_path):
     assert sum(v[p]["n"] for v in r["by_group"].values() for p in ("copy", "other")) == 12
     assert r["by_group"]["qa"]["copy"]["n"] + r["by_group"]["qa"]["other"]["n"] == 7  # its answer tokens
     assert "copy positions by how far back" in C._render_heads(sc)
+    runs = r["copy_by_run"]   # the first three buckets split every copy position by run length
+    assert sum(d["n"] for d in runs[:3]) == r["copy"]["n_by_depth"][0] and runs[3]["n"] <= runs[2]["n"]
+    assert "continued the same copy" in C._render_heads(sc)
     assert sc["sequences"] == 2 and sc["positions"] == 12 == r["n_by_depth"][0]
     assert r["copy"]["n_by_depth"][0] + r["other"]["n_by_depth"][0] == 12 and r["copy"]["n_by_depth"][0] > 0
     assert all(0.0 <= x <= 1.0 for x in r["top1_by_depth"] + r["top4_by_depth"])
@@ -158,3 +163,13 @@ def test_score_heads_on_answers_counts_every_answer_position(tmp_path):
         C.score_heads_on_answers([str(head_dir)], recs, base=str(base), depths=1)
     with pytest.raises(ValueError, match="groups"):
         C.score_heads_on_answers([str(head_dir)], recs, base=str(base), groups=["qa"])
+
+
+def test_copy_run_lengths():
+    hits = torch.tensor([0, 1, 1, 1, 0, 1, 1, 1, 1], dtype=torch.bool)
+    dist = torch.tensor([0, 5, 5, 5, 0, 9, 9, 3, 3])
+    assert C.copy_run_lengths(hits, dist).tolist() == [0, 0, 1, 2, 0, 0, 1, 0, 1]  # a new distance starts a new run
+    assert C.copy_run_lengths(hits[:0], dist[:0]).tolist() == []
+    ids = torch.tensor([1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5])
+    h, d = T.lookup_hits(ids, return_distance=True)
+    assert C.copy_run_lengths(h, d).tolist()[-4:] == [0, 1, 2, 0]  # the repeat of 1 2 3 4 5, one copy run

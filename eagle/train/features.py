@@ -11,6 +11,9 @@ cut to ``--max-len`` tokens). Train and held-out records go to ``OUT/train/`` an
 
 Features take ~1.1 KB per token (H = 576, float16), so they are cached on local disk, never
 committed; a feature shard newer than its corpus shard and cut at the same ``--max-len`` is reused, so a rerun only adds the new ones.
+``--view recall`` writes the recall view instead (:mod:`eagle.train.recall`: each record's first turn
+plus a second turn asking for a verbatim copy of earlier text; sequences longer than ``--max-len``
+are left out); give it its own ``--out`` and mix it into training with ``--data``.
 ``--shards 153-158,160-`` encodes only those corpus shard numbers (a warm-started stage that trains on
 the shards its parent has not seen). ``--worker I/N`` encodes every N-th corpus shard, so N one-thread processes fill one cache together
 (on 2 cores two one-thread workers beat one two-thread process). ``--device cuda`` (the default
@@ -30,6 +33,7 @@ import torch
 __all__ = ["sequences_of", "build_feature_shard", "parse_shard_ranges", "main"]
 
 DEFAULT_MAX_LEN = 768
+VIEWS = ("answers", "recall")
 
 
 def sequences_of(rec: dict, max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -72,12 +76,14 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
     }
 
 
-def _cached_max_len(path: Path) -> int:
-    """``--max-len`` a cached feature shard was cut at (shards written before it was recorded: 768, the default)."""
+def _cached_meta(path: Path) -> tuple[int, str]:
+    """``(--max-len, --view)`` of a cached feature shard (shards written before they were recorded:
+    768, the default, and ``answers``)."""
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        return int((f.metadata() or {}).get("max_len", DEFAULT_MAX_LEN))
+        meta = f.metadata() or {}
+    return int(meta.get("max_len", DEFAULT_MAX_LEN)), meta.get("view", "answers")
 
 
 def parse_shard_ranges(spec: str) -> list[tuple[int, int | None]]:
@@ -123,6 +129,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="only these corpus shard numbers, e.g. 153-158,160- (those an earlier stage did not train on); default all")
     ap.add_argument("--worker", default="0/1",
                     help="I/N: encode only the corpus shards at positions I mod N (N one-thread processes share a run)")
+    ap.add_argument("--view", choices=VIEWS, default="answers",
+                    help="answers: the corpus turns as generated; recall: one recall sequence per record "
+                         "(eagle.train.recall: a second turn asking for a verbatim copy of earlier text); "
+                         "write each view to its own --out")
+    ap.add_argument("--recall-seed", type=int, default=0, help="seed of the recall view's choices")
     from .data import DTYPES, add_device_argument, add_fast_cpu_argument, parse_device, parse_worker
 
     add_fast_cpu_argument(ap)
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     from tqdm import tqdm
 
     from .data import _pad_id, linears_of, load_base
+    from .recall import recall_records
 
     torch.set_num_threads(args.threads)
     model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on", device=device, dtype=DTYPES[args.dtype])
@@ -168,13 +180,22 @@ def main(argv: list[str] | None = None) -> dict:
             if not part:
                 continue
             dest = out / split / f"shard_{run}_{sh.name.split('.')[0].split('_')[1]}.safetensors"
-            if dest.exists() and dest.stat().st_mtime >= sh.stat().st_mtime and _cached_max_len(dest) == args.max_len:
-                continue
+            if dest.exists():
+                cached_len, cached_view = _cached_meta(dest)
+                if cached_view != args.view:
+                    raise SystemExit(f"--out {out}: holds {cached_view!r} features ({dest.name}); "
+                                     f"write --view {args.view} to another folder")
+                if dest.stat().st_mtime >= sh.stat().st_mtime and cached_len == args.max_len:
+                    continue
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if args.view == "recall":
+                part = recall_records(part, tok, args.recall_seed, args.max_len)
+                if not part:
+                    continue
             tensors = build_feature_shard(model, part, max_len=args.max_len, batch_tokens=args.batch_tokens, pad_id=pad)
             tmp = dest.with_name(dest.name + ".tmp")
             save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name,
-                                                   "max_len": str(args.max_len), "device": device,
+                                                   "max_len": str(args.max_len), "device": device, "view": args.view,
                                                    "dtype": args.dtype})
             os.replace(tmp, dest)
             n_tok += int(tensors["input_ids"].numel())

@@ -1,0 +1,131 @@
+"""Recall view of the corpus (eagle.train.recall, eagle.train.features --view recall)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from eagle.train import corpus as C
+from eagle.train import features as Fe
+from eagle.train import recall as R
+from eagle.train.train import lookup_hits
+
+from test_corpus import tiny  # noqa: F401  (fixture)
+from test_train import tiny_base  # noqa: F401  (fixture)
+
+
+def _rec(user: str, answer: str, answer_ids=None, uid="chat-1"):
+    return {"uid": uid, "split": "train", "messages": [{"role": "user", "content": user},
+                                                       {"role": "assistant", "content": answer}],
+            "turns": [{"prompt_ids": [1, 2], "answer_ids": answer_ids or [7, 8, 9]}]}
+
+
+def _contains(seq, sub) -> bool:
+    n = len(sub)
+    return any(list(seq[i:i + n]) == list(sub) for i in range(len(seq) - n + 1))
+
+
+def _encoders(tok):
+    return (lambda m: C._encode(tok, m)), (lambda s: tok.encode(s, add_special_tokens=False))
+
+
+def test_sentence_spans():
+    text = "  First one here now. Short. Second sentence has words!\nThird line goes on and on"
+    spans = R.sentence_spans(text)
+    assert [text[s:e] for s, e in spans] == ["First one here now.", "Second sentence has words!",
+                                             "Third line goes on and on"]
+    assert R.sentence_spans("") == [] and R.sentence_spans("a b c.") == []
+
+
+def test_each_kind_copies_earlier_text_verbatim(tiny):
+    _, tok, _ = tiny
+    chat, text = _encoders(tok)
+    user = "Read this. The cat sat on the warm mat today. A dog ran across the long road fast. Birds sang in the old tree."
+    answer = "The answer starts here with words. Then a second sentence follows it. And a third one ends it all."
+    rec = _rec(user, answer, answer_ids=text(answer) + [tok.eos_token_id])
+    for kind in R.RECALL_KINDS:
+        r = R.recall_record(rec, kind, random.Random(3), chat, text, tok.eos_token_id)
+        assert r["kind"] == f"recall-{kind}" and r["split"] == "train" and r["uid"] == f"chat-1#recall-{kind}"
+        t = r["turns"][0]
+        copy = t["answer_ids"][:-1]
+        assert t["answer_ids"][-1] == tok.eos_token_id and copy
+        source = text(answer) if kind != "quote" else text(user)
+        assert _contains(source, copy), kind                 # a verbatim piece of the earlier text
+        assert _contains(t["prompt_ids"], text(user)) and _contains(t["prompt_ids"], text(answer))
+        if kind != "repeat":   # the ask quotes the copy's first words
+            lead = " ".join(tok.decode(copy).replace("  ", "\0").replace(" ", "").replace("\0", " ").split()[:5])
+            assert _contains(t["prompt_ids"][-len(text(lead)) - 40:], text(lead)), kind
+        ids = torch.tensor(t["prompt_ids"] + t["answer_ids"])
+        hits = lookup_hits(ids, ngram=8)[len(t["prompt_ids"]) + 8:-2]  # char tokens: match 8
+        assert hits.float().mean() > 0.8  # the answer continues n-grams of the context almost everywhere
+    assert R.recall_record(rec, "repeat", random.Random(0), chat, text, 2)["turns"][0]["answer_ids"] == \
+        rec["turns"][0]["answer_ids"]  # repeat: the original answer's own ids
+
+
+def test_kinds_that_do_not_apply_and_bad_kind(tiny):
+    _, tok, _ = tiny
+    chat, text = _encoders(tok)
+    rec = _rec("One short sentence only here.", "Single sentence answer right here.")
+    assert R.recall_record(rec, "quote", random.Random(0), chat, text, 2) is None   # < 2 sentences to quote
+    assert R.recall_record(rec, "resume", random.Random(0), chat, text, 2) is None  # no later sentence
+    assert R.recall_record(rec, "repeat", random.Random(0), chat, text, 2) is not None
+    assert R.recall_record(_rec("x y z w.", "  "), "repeat", random.Random(0), chat, text, 2) is None
+    with pytest.raises(ValueError, match="recall kind"):
+        R.recall_record(rec, "paraphrase", random.Random(0), chat, text, 2)
+
+
+def test_recall_records_deterministic_and_within_max_len(tiny):
+    _, tok, _ = tiny
+    recs = [_rec(f"Question {i} has this first sentence. And it has a second sentence too.",
+                 f"Answer {i} is this sentence here. It has another sentence after it. " * (1 + i % 3),
+                 uid=f"chat-{i}") for i in range(12)]
+    a = R.recall_records(recs, tok, seed=0, max_len=10_000)
+    assert len(a) == 12 and a == R.recall_records(recs, tok, seed=0, max_len=10_000)
+    assert {r["kind"] for r in a} == {f"recall-{k}" for k in R.RECALL_KINDS}   # every kind is used
+    assert R.recall_records(recs, tok, seed=1, max_len=10_000) != a             # the seed changes the choices
+    lens = [len(r["turns"][0]["prompt_ids"]) + len(r["turns"][0]["answer_ids"]) for r in a]
+    cut = sorted(lens)[6]
+    kept = R.recall_records(recs, tok, seed=0, max_len=cut)
+    assert 0 < len(kept) < 12   # longer ones are left out, never cut
+    assert all(len(r["turns"][0]["prompt_ids"]) + len(r["turns"][0]["answer_ids"]) <= cut for r in kept)
+
+
+def test_features_cli_recall_view(tiny, tmp_path):
+    """--view recall writes the recall sequences' features, marks them, and refuses to mix views in one --out."""
+    model, tok, folder = tiny
+    (tmp_path / "corpus" / "run").mkdir(parents=True)
+    for k in range(2):   # corpus shards with real text (the tiny random model answers only blanks)
+        recs = [_rec(f"Question {k} {i} has a first sentence. And it has a second sentence too.",
+                     f"Answer {i} is this sentence here. It has another sentence after it.", uid=f"chat-{k}-{i}")
+                for i in range(3)]
+        for r in recs:
+            r["turns"][0]["answer_ids"] = tok.encode(r["messages"][1]["content"], add_special_tokens=False)
+        recs[2]["split"] = "heldout"
+        C.write_shard(tmp_path / "corpus" / "run" / f"shard_{k:05d}.jsonl.gz", recs)
+    common = ["--corpus", str(tmp_path / "corpus"), "--base", str(folder), "--threads", "1", "--fast-cpu", "off",
+              "--max-len", "2000"]
+    s = Fe.main(common + ["--out", str(tmp_path / "rec"), "--view", "recall"])
+    assert s["feature_shards_written"] == 4   # 2 corpus shards x (train, heldout)
+    import gzip
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    written = sorted((tmp_path / "rec").rglob("*.safetensors"))
+    assert written
+    for p in written:
+        with safe_open(str(p), "pt") as f:
+            assert f.metadata()["view"] == "recall"
+        t = load_file(str(p))
+        src = tmp_path / "corpus" / "run" / f"shard_{p.stem.split('_')[-1]}.jsonl.gz"
+        with gzip.open(src, "rt") as f:
+            part = [r for r in map(json.loads, f) if r["split"] == p.parent.name]
+        want = [s for r in R.recall_records(part, tok, 0, 2000) for s in Fe.sequences_of(r, 2000)]
+        assert t["offsets"].numel() - 1 == len(want) >= 1
+        assert t["input_ids"].tolist() == [x for ids, _ in want for x in ids]
+        assert t["loss_mask"].tolist() == [m for _, ms in want for m in ms]
+    assert Fe.main(common + ["--out", str(tmp_path / "rec"), "--view", "recall"])["feature_shards_written"] == 0
+    with pytest.raises(SystemExit, match="--view"):
+        Fe.main(common + ["--out", str(tmp_path / "rec")])   # the answers view into a recall folder
