@@ -129,3 +129,40 @@ def test_features_cli_recall_view(tiny, tmp_path):
     assert Fe.main(common + ["--out", str(tmp_path / "rec"), "--view", "recall"])["feature_shards_written"] == 0
     with pytest.raises(SystemExit, match="--view"):
         Fe.main(common + ["--out", str(tmp_path / "rec")])   # the answers view into a recall folder
+
+
+def test_target_top1():
+    from eagle.train.heldout import target_top1
+
+    w = torch.eye(5)                      # lm_head: hidden one-hot -> that token
+    ids = torch.tensor([0, 3, 1, 4])
+    hidden = torch.stack([w[3], w[1], w[2], w[0]])   # predicts 3, 1 (right), then 2 (wrong: 4)
+    seq = {"ids": ids, "mask": torch.tensor([0, 1, 1, 1], dtype=torch.bool), "hidden": hidden.half()}
+    assert target_top1([seq], w) == pytest.approx(2 / 3)
+    assert target_top1([], w) == 0.0
+
+
+def test_heldout_cli_recall_view(tiny, tmp_path):
+    """eagle.train.heldout --view recall scores heads on the held-out records' recall sequences."""
+    from eagle.model.head import EagleHead, head_config_from_base
+    from eagle.train import heldout as Ho
+
+    model, tok, folder = tiny
+    (tmp_path / "corpus").mkdir()
+    recs = [_rec(f"Question {i} has a first sentence. And it has a second sentence too.",
+                 f"Answer {i} is this sentence here. It has another sentence after it.", uid=f"chat-{i}")
+            for i in range(3)]
+    for r in recs:
+        r["split"], r["temperature"] = "heldout", 0.0
+        r["turns"][0]["answer_ids"] = tok.encode(r["messages"][1]["content"], add_special_tokens=False)
+    C.write_shard(tmp_path / "corpus" / "shard_00000.jsonl.gz", recs)
+    EagleHead(head_config_from_base(model.config), with_embeddings=False).save_pretrained(tmp_path / "head")
+    common = ["--heads", str(tmp_path / "head"), "--corpus", str(tmp_path / "corpus"), "--base", str(folder),
+              "--depths", "2", "--threads", "1"]
+    a = Ho.main(common)
+    r = Ho.main(common + ["--view", "recall"])
+    assert (a["view"], r["view"]) == ("answers", "recall")
+    assert r["sequences"] == len(R.recall_records(recs, tok, 0, Fe.DEFAULT_MAX_LEN)) == 3
+    assert r["positions"] > 0 and 0.0 <= r["target_top1"] <= 1.0
+    with pytest.raises(SystemExit):
+        Ho.main(common + ["--view", "paraphrase"])

@@ -49,10 +49,12 @@ def depth_summary(r: dict) -> dict:
 
 
 def heldout_sequences(model, corpus, max_records: int, max_len: int | None = None, pad_id: int = 0,
-                      temperature: float | None = None) -> list[dict]:
+                      temperature: float | None = None, view: str = "answers", tok=None) -> list[dict]:
     """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden).
 
     ``temperature`` keeps only records generated at that temperature (0.0 greedy, 1.0 sampled).
+    ``view="recall"`` scores their recall sequences instead (:mod:`eagle.train.recall`; needs ``tok``;
+    those longer than ``max_len`` are left out).
     """
     from .corpus import iter_records
     from .features import DEFAULT_MAX_LEN, build_feature_shard
@@ -69,7 +71,26 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
     if not recs:
         raise ValueError(f"{corpus}: no held-out records at temperature {temperature} (build them with "
                          f"`python -m eagle.train.corpus build --split heldout`)")
+    if view == "recall":
+        from .recall import recall_records
+
+        recs = recall_records(recs, tok, 0, max_len)
+    elif view != "answers":
+        raise ValueError(f"view must be 'answers' or 'recall', got {view!r}")
     return shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
+
+
+def target_top1(seqs: list[dict], lm_head_w: torch.Tensor) -> float:
+    """How often the text's next token is the target's own top-1 (its last hidden state times
+    ``lm_head_w`` [V, H]) over the counted positions of ``seqs``: 1.0 on greedy answers, lower on
+    sampled ones, and the share of a recall copy that the target itself would copy."""
+    hit = n = 0
+    for s in seqs:
+        m = s["mask"][1:].to(lm_head_w.device)
+        pred = (s["hidden"][:-1].to(lm_head_w) @ lm_head_w.T).argmax(-1)
+        hit += int((pred[m] == s["ids"][1:].to(pred.device)[m]).sum())
+        n += int(m.sum())
+    return hit / max(n, 1)
 
 
 def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, batch_tokens: int = 2048) -> dict:
@@ -103,6 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-records", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=None,
                     help="only held-out records generated at this temperature (0 greedy, 1 sampled; default all)")
+    ap.add_argument("--view", choices=("answers", "recall"), default="answers",
+                    help="answers: the records as generated; recall: their recall sequences (a second turn asking "
+                         "for a verbatim copy of earlier text, eagle.train.recall), where the target copies")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="", help="also write the results here")
     add_device_argument(ap)
@@ -117,14 +141,18 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, tok = load_base(args.base, device=device)
-    seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok), temperature=args.temperature)
+    seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok), temperature=args.temperature,
+                             view=args.view, tok=tok)
     res = evaluate_heads(heads, seqs, model, args.depths)
-    summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature, "sequences": len(seqs),
+    t1 = target_top1(seqs, model.get_output_embeddings().weight.detach().float())
+    summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature,
+               "view": args.view, "target_top1": round(t1, 4), "sequences": len(seqs),
                "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)), "depths": args.depths,
                "seconds": round(time.time() - t0, 1),
                "heads": {h: {**depth_summary(r), "smoothl1": round(r["reg"], 4), "ce": round(r["ce"], 4),
                              "tv": round(r["tv"], 4)} for h, r in res.items()}}
-    print(f"held-out: {summary['sequences']} sequences, {summary['positions']} positions at depth 1")
+    print(f"held-out ({args.view}): {summary['sequences']} sequences, {summary['positions']} positions at depth 1; "
+          f"the text's next token is the target's own top-1 at {t1:.3f} of them")
     print("| head | " + " | ".join(f"top-1 d{d}" for d in range(1, args.depths + 1)) + " | "
           + " | ".join(f"top-4 d{d}" for d in range(1, args.depths + 1)) + " |")
     print("|---" * (1 + 2 * args.depths) + "|")
