@@ -71,6 +71,8 @@ def test_kinds_that_do_not_apply_and_bad_kind(tiny):
     assert R.recall_record(rec, "resume", random.Random(0), chat, text, 2) is None  # no later sentence
     assert R.recall_record(rec, "repeat", random.Random(0), chat, text, 2) is not None
     assert R.recall_record(_rec("x y z w.", "  "), "repeat", random.Random(0), chat, text, 2) is None
+    for broken in ({"uid": "a"}, {"messages": [], "turns": []}, {**rec, "messages": rec["messages"][:1]}):
+        assert R.recall_record(broken, "repeat", random.Random(0), chat, text, 2) is None   # nothing to copy
     with pytest.raises(ValueError, match="recall kind"):
         R.recall_record(rec, "paraphrase", random.Random(0), chat, text, 2)
 
@@ -91,7 +93,7 @@ def test_recall_records_deterministic_and_within_max_len(tiny):
     assert all(len(r["turns"][0]["prompt_ids"]) + len(r["turns"][0]["answer_ids"]) <= cut for r in kept)
 
 
-def test_features_cli_recall_view(tiny, tmp_path):
+def test_features_cli_recall_view(tiny, tmp_path, capsys):
     """--view recall writes the recall sequences' features, marks them, and refuses to mix views in one --out."""
     model, tok, folder = tiny
     (tmp_path / "corpus" / "run").mkdir(parents=True)
@@ -127,8 +129,22 @@ def test_features_cli_recall_view(tiny, tmp_path):
         assert t["input_ids"].tolist() == [x for ids, _ in want for x in ids]
         assert t["loss_mask"].tolist() == [m for _, ms in want for m in ms]
     assert Fe.main(common + ["--out", str(tmp_path / "rec"), "--view", "recall"])["feature_shards_written"] == 0
-    with pytest.raises(SystemExit, match="--view"):
+    with pytest.raises(SystemExit):
         Fe.main(common + ["--out", str(tmp_path / "rec")])   # the answers view into a recall folder
+    assert "--view" in capsys.readouterr().err
+    again = Fe.main(common + ["--out", str(tmp_path / "rec"), "--view", "recall", "--recall-seed", "7"])
+    assert again["feature_shards_written"] == 4   # another seed: other choices, redone
+    (tmp_path / "afile").write_text("")
+    for bad, why in ((["--out", str(tmp_path / "afile")], "is a file"),
+                     (["--out", str(tmp_path / "x"), "--max-len", "2"], "--max-len must be")):
+        with pytest.raises(SystemExit):
+            Fe.main(common + bad + ["--view", "recall"])
+        assert why in capsys.readouterr().err
+    # records with nothing to copy: one clear stop, not an empty folder and exit 0
+    (tmp_path / "blank" / "run").mkdir(parents=True)
+    C.write_shard(tmp_path / "blank" / "run" / "shard_00000.jsonl.gz", [_rec("Only a question here.", " ")])
+    with pytest.raises(SystemExit, match="no record"):
+        Fe.main(common + ["--corpus", str(tmp_path / "blank"), "--out", str(tmp_path / "b"), "--view", "recall"])
 
 
 def test_target_top1():
@@ -166,3 +182,9 @@ def test_heldout_cli_recall_view(tiny, tmp_path):
     assert r["positions"] > 0 and 0.0 <= r["target_top1"] <= 1.0
     with pytest.raises(SystemExit):
         Ho.main(common + ["--view", "paraphrase"])
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    C.write_shard(blank / "shard_00000.jsonl.gz", [{**recs[0], "messages": recs[0]["messages"][:1]}])
+    for corpus in (blank, tmp_path / "missing"):   # nothing to score / no folder: one line, no table of zeros
+        with pytest.raises(SystemExit):
+            Ho.main(common[:2] + ["--corpus", str(corpus)] + common[4:] + ["--view", "recall"])

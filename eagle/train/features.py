@@ -86,6 +86,15 @@ def _cached_meta(path: Path) -> tuple[int, str]:
     return int(meta.get("max_len", DEFAULT_MAX_LEN)), meta.get("view", "answers")
 
 
+def _cached_seed(path: Path) -> int | None:
+    """``--recall-seed`` a cached recall-view shard was written with (None: the answers view)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        seed = (f.metadata() or {}).get("recall_seed")
+    return None if seed is None else int(seed)
+
+
 def parse_shard_ranges(spec: str) -> list[tuple[int, int | None]]:
     """``--shards`` spec -> inclusive ``(first, last)`` ranges of corpus shard numbers (``last`` None: open).
 
@@ -141,6 +150,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     worker, n_workers = parse_worker(ap, args.worker)
     device = parse_device(ap, args.device)
+    if args.max_len < 3:
+        ap.error(f"--max-len must be >= 3 tokens, got {args.max_len}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a file, not a folder")
+    cached = sorted(Path(args.out).glob("*/shard_*.safetensors"))
+    if cached and _cached_meta(cached[0])[1] != args.view:
+        ap.error(f"--out {args.out} holds {_cached_meta(cached[0])[1]!r} features ({cached[0].name}); "
+                 f"write --view {args.view} to another folder")
     corpus = Path(args.corpus)
     shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
     if not shards:
@@ -169,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on", device=device, dtype=DTYPES[args.dtype])
     pad = _pad_id(tok)
     out = Path(args.out)
-    t0, n_tok, n_new = time.time(), 0, 0
+    t0, n_tok, n_new, n_empty = time.time(), 0, 0, 0
     bar = tqdm(shards, desc=f"features {worker}/{n_workers}", unit="shard")
     for sh in bar:
         with gzip.open(sh, "rt", encoding="utf-8") as f:
@@ -185,23 +202,29 @@ def main(argv: list[str] | None = None) -> dict:
                 if cached_view != args.view:
                     raise SystemExit(f"--out {out}: holds {cached_view!r} features ({dest.name}); "
                                      f"write --view {args.view} to another folder")
-                if dest.stat().st_mtime >= sh.stat().st_mtime and cached_len == args.max_len:
+                if (dest.stat().st_mtime >= sh.stat().st_mtime and cached_len == args.max_len
+                        and _cached_seed(dest) == (args.recall_seed if args.view == "recall" else None)):
                     continue
             dest.parent.mkdir(parents=True, exist_ok=True)
             if args.view == "recall":
                 part = recall_records(part, tok, args.recall_seed, args.max_len)
                 if not part:
+                    n_empty += 1
                     continue
             tensors = build_feature_shard(model, part, max_len=args.max_len, batch_tokens=args.batch_tokens, pad_id=pad)
             tmp = dest.with_name(dest.name + ".tmp")
             save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name,
                                                    "max_len": str(args.max_len), "device": device, "view": args.view,
+                                                   **({"recall_seed": str(args.recall_seed)} if args.view == "recall" else {}),
                                                    "dtype": args.dtype})
             os.replace(tmp, dest)
             n_tok += int(tensors["input_ids"].numel())
             n_new += 1
         bar.set_postfix(tokens=n_tok, tok_s=round(n_tok / max(time.time() - t0, 1e-9)))
-    summary = {"corpus_shards": len(shards), "feature_shards_written": n_new, "tokens": n_tok, "linears": linears_of(model),
+    if n_empty and not n_new and not list(out.glob("*/shard_*.safetensors")):
+        raise SystemExit(f"--view recall: no record of the {len(shards)} corpus shard(s) gave a recall sequence "
+                         f"within --max-len {args.max_len} (records need a user turn and a non-empty answer)")
+    summary = {"corpus_shards": len(shards), "feature_shards_written": n_new, "recall_empty_shards": n_empty, "tokens": n_tok, "linears": linears_of(model),
                "device": device, "dtype": args.dtype,
                "seconds": round(time.time() - t0, 1), "tokens_per_s": round(n_tok / max(time.time() - t0, 1e-9), 1)}
     print(json.dumps(summary))

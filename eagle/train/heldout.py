@@ -136,13 +136,21 @@ def main(argv: list[str] | None = None) -> dict:
     for h in heads:
         if not (Path(h) / "config.json").is_file():
             ap.error(f"--heads: {h} has no config.json")
+    if not Path(args.corpus).exists():
+        ap.error(f"--corpus {args.corpus}: no such folder")
     if args.depths < 1 or args.max_records < 1:
         ap.error("--depths and --max-records must be >= 1")
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model, tok = load_base(args.base, device=device)
-    seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok), temperature=args.temperature,
-                             view=args.view, tok=tok)
+    try:
+        seqs = heldout_sequences(model, args.corpus, args.max_records, pad_id=_pad_id(tok), temperature=args.temperature,
+                                 view=args.view, tok=tok)
+    except ValueError as e:
+        ap.error(f"--corpus: {e}")
+    if not seqs:
+        ap.error(f"--corpus {args.corpus}: none of the first {args.max_records} held-out records gives a sequence to "
+                 f"score in the {args.view} view")
     res = evaluate_heads(heads, seqs, model, args.depths)
     t1 = target_top1(seqs, model.get_output_embeddings().weight.detach().float())
     summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature,

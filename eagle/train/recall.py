@@ -78,16 +78,19 @@ def recall_record(rec: dict, kind: str, rng: random.Random, encode_chat: Callabl
 
     Returns:
         ``{"uid", "kind": "recall-<kind>", "split", "turns": [{"prompt_ids", "answer_ids"}]}``, or
-        None when the record offers nothing to copy for this kind (too few sentences).
+        None when the record offers nothing to copy for this kind (no first exchange, an empty answer,
+        too few sentences).
 
     Raises:
         ValueError: unknown ``kind``.
     """
     if kind not in RECALL_KINDS:
         raise ValueError(f"recall kind must be one of {RECALL_KINDS}, got {kind!r}")
-    msgs = rec["messages"]
-    user, answer = msgs[0]["content"], msgs[1]["content"] if len(msgs) > 1 else ""
-    answer_ids = list(rec["turns"][0]["answer_ids"])
+    msgs, turns = rec.get("messages") or [], rec.get("turns") or []
+    if len(msgs) < 2 or not turns:   # no first exchange to copy from
+        return None
+    user, answer = msgs[0].get("content", ""), msgs[1].get("content", "")
+    answer_ids = list(turns[0].get("answer_ids") or [])
     if not answer.strip() or not answer_ids:
         return None
     if kind == "repeat":
