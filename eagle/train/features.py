@@ -76,23 +76,15 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
     }
 
 
-def _cached_meta(path: Path) -> tuple[int, str]:
-    """``(--max-len, --view)`` of a cached feature shard (shards written before they were recorded:
-    768, the default, and ``answers``)."""
+def _cached_meta(path: Path) -> tuple[int, str, int | None]:
+    """``(--max-len, --view, --recall-seed)`` of a cached feature shard (shards written before they were
+    recorded: 768, the default, and ``answers``; the seed is None outside the recall view)."""
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
-    return int(meta.get("max_len", DEFAULT_MAX_LEN)), meta.get("view", "answers")
-
-
-def _cached_seed(path: Path) -> int | None:
-    """``--recall-seed`` a cached recall-view shard was written with (None: the answers view)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        seed = (f.metadata() or {}).get("recall_seed")
-    return None if seed is None else int(seed)
+    seed = meta.get("recall_seed")
+    return int(meta.get("max_len", DEFAULT_MAX_LEN)), meta.get("view", "answers"), None if seed is None else int(seed)
 
 
 def parse_shard_ranges(spec: str) -> list[tuple[int, int | None]]:
@@ -154,10 +146,10 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--max-len must be >= 3 tokens, got {args.max_len}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         ap.error(f"--out {args.out} is a file, not a folder")
-    cached = sorted(Path(args.out).glob("*/shard_*.safetensors"))
-    if cached and _cached_meta(cached[0])[1] != args.view:
-        ap.error(f"--out {args.out} holds {_cached_meta(cached[0])[1]!r} features ({cached[0].name}); "
-                 f"write --view {args.view} to another folder")
+    for p in sorted(Path(args.out).glob("*/shard_*.safetensors")):
+        if _cached_meta(p)[1] != args.view:
+            ap.error(f"--out {args.out} holds {_cached_meta(p)[1]!r} features ({p.name}); "
+                     f"write --view {args.view} to another folder")
     corpus = Path(args.corpus)
     shards = sorted(corpus.rglob("shard_*.jsonl.gz"))
     if not shards:
@@ -197,14 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
             if not part:
                 continue
             dest = out / split / f"shard_{run}_{sh.name.split('.')[0].split('_')[1]}.safetensors"
-            if dest.exists():
-                cached_len, cached_view = _cached_meta(dest)
-                if cached_view != args.view:
-                    raise SystemExit(f"--out {out}: holds {cached_view!r} features ({dest.name}); "
-                                     f"write --view {args.view} to another folder")
-                if (dest.stat().st_mtime >= sh.stat().st_mtime and cached_len == args.max_len
-                        and _cached_seed(dest) == (args.recall_seed if args.view == "recall" else None)):
-                    continue
+            seed = args.recall_seed if args.view == "recall" else None
+            if (dest.exists() and dest.stat().st_mtime >= sh.stat().st_mtime
+                    and _cached_meta(dest) == (args.max_len, args.view, seed)):
+                continue
             dest.parent.mkdir(parents=True, exist_ok=True)
             if args.view == "recall":
                 part = recall_records(part, tok, args.recall_seed, args.max_len)
@@ -215,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
             tmp = dest.with_name(dest.name + ".tmp")
             save_file(tensors, str(tmp), metadata={"linears": linears_of(model), "corpus_shard": sh.name,
                                                    "max_len": str(args.max_len), "device": device, "view": args.view,
-                                                   **({"recall_seed": str(args.recall_seed)} if args.view == "recall" else {}),
+                                                   **({} if seed is None else {"recall_seed": str(seed)}),
                                                    "dtype": args.dtype})
             os.replace(tmp, dest)
             n_tok += int(tensors["input_ids"].numel())

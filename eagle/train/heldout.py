@@ -57,7 +57,7 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
     those longer than ``max_len`` are left out).
     """
     from .corpus import iter_records
-    from .features import DEFAULT_MAX_LEN, build_feature_shard
+    from .features import DEFAULT_MAX_LEN, VIEWS, build_feature_shard
 
     max_len = DEFAULT_MAX_LEN if max_len is None else max_len
 
@@ -71,12 +71,12 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
     if not recs:
         raise ValueError(f"{corpus}: no held-out records at temperature {temperature} (build them with "
                          f"`python -m eagle.train.corpus build --split heldout`)")
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     if view == "recall":
         from .recall import recall_records
 
         recs = recall_records(recs, tok, 0, max_len)
-    elif view != "answers":
-        raise ValueError(f"view must be 'answers' or 'recall', got {view!r}")
     return shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
 
 
@@ -112,6 +112,7 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; prints a table and returns the results dict."""
     from .corpus import DEFAULT_ROOT, DEFAULT_RUN
+    from .features import VIEWS
     from .data import _pad_id, add_device_argument, load_base, parse_device
     from .train import COPY_NGRAM
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-records", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=None,
                     help="only held-out records generated at this temperature (0 greedy, 1 sampled; default all)")
-    ap.add_argument("--view", choices=("answers", "recall"), default="answers",
+    ap.add_argument("--view", choices=VIEWS, default="answers",
                     help="answers: the records as generated; recall: their recall sequences (a second turn asking "
                          "for a verbatim copy of earlier text, eagle.train.recall), where the target copies")
     ap.add_argument("--threads", type=int, default=2)
