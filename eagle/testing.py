@@ -24,7 +24,7 @@ def tiny_llama_config(vocab_size: int = 32, hidden_size: int = 32, num_layers: i
 def tiny_ea_model(vocab_size: int = 32, hidden_size: int = 32, num_layers: int = 2, seed: int = 0,
                   logit_scale: float = 4.0, attn_implementation: str = "sdpa", eos_token_id: int | None = None,
                   tree_choices="mc_sim_7b_63", verifier: str = "rrsw", aligned: bool = False,
-                  align_shrink: float = 0.3) -> EaModel:
+                  align_shrink: float = 0.3, head_layers: int = 1) -> EaModel:
     """An :class:`EaModel` with a random tiny Llama target and a random head sharing its embeddings.
 
     ``logit_scale`` multiplies the lm_head weights so the target's laws are peaked rather than
@@ -33,13 +33,15 @@ def tiny_ea_model(vocab_size: int = 32, hidden_size: int = 32, num_layers: int =
     ``aligned=True`` makes the draft head a good (not perfect) predictor, so that deep paths get
     accepted: the target's attention/MLP outputs are shrunk (its next token depends mostly on the
     current token; ``align_shrink`` scales them) and the head's ``fc`` passes the embedding of its input token through.
+
+    ``head_layers`` sets the head's decoder layers (EAGLE-1: 1).
     """
     torch.manual_seed(seed)
     cfg = tiny_llama_config(vocab_size, hidden_size, num_layers, attn_implementation, eos_token_id)
     base = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         base.lm_head.weight.mul_(logit_scale / (base.lm_head.weight.std() * hidden_size ** 0.5))
-    hcfg = head_config_from_base(cfg)
+    hcfg = head_config_from_base(cfg, layers=head_layers)
     hcfg._attn_implementation = attn_implementation
     head = EagleHead(hcfg, with_embeddings=False)
     head.tie_embeddings(base.get_input_embeddings())

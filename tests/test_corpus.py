@@ -148,12 +148,12 @@ def test_fast_cpu_base_gives_the_same_features(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------------------ multi-step loss
-def _tiny_head(seed=0, H=16, V=23):
+def _tiny_head(seed=0, H=16, V=23, layers=1):
     from transformers import LlamaConfig
 
     from eagle.model.head import EagleHead
 
-    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=128)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
@@ -161,12 +161,14 @@ def _tiny_head(seed=0, H=16, V=23):
     return head
 
 
+@pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("steps", [2, 3, 4])
-def test_unrolled_step_equals_inference_on_own_features(steps):
-    """Depth j at position t: the head's own depth j-1 output is the input, attention as at inference."""
+def test_unrolled_step_equals_inference_on_own_features(steps, layers):
+    """Depth j at position t: the head's own depth j-1 output is the input, attention as at inference
+    (in every decoder layer of the head)."""
     from transformers import DynamicCache
 
-    head = _tiny_head()
+    head = _tiny_head(layers=layers)
     L, H = 12, 16
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 23, (1, L), generator=g)

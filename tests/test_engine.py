@@ -19,6 +19,18 @@ PROMPTS = [[1, 2, 3, 4, 5], [7], [3, 9, 9, 2, 30, 17, 4, 11]]
 @pytest.mark.parametrize("aligned", [False, True])
 def test_greedy_equals_naive(tree, seed, aligned):
     m = tiny_ea_model(vocab_size=32, seed=seed, aligned=aligned)
+    _assert_greedy_equals_naive(m, tree)
+
+
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "2x5"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_equals_naive_with_a_two_layer_head(tree, seed):
+    m = tiny_ea_model(vocab_size=32, seed=seed, aligned=True, head_layers=2)
+    assert len(m.ea_layer.layers) == 2
+    _assert_greedy_equals_naive(m, tree)
+
+
+def _assert_greedy_equals_naive(m, tree):
     for p in PROMPTS:
         ids = torch.tensor([p])
         ref = m.naivegenerate(ids, max_new_tokens=30)
@@ -215,6 +227,52 @@ def test_head_checkpoint_mismatch_names_the_key(tmp_path):
         EagleHead.from_pretrained(folder)
 
 
+def test_two_layer_head_layout_round_trip_and_bad_layer_counts(tmp_path):
+    """A head with num_hidden_layers = 2 saves and loads in EAGLE-1's own layout: layer 0 without an
+    input layernorm, layer 1 with one; a config with 0 or a non-integer layer count is refused."""
+    from safetensors.torch import load_file
+
+    m = tiny_ea_model(vocab_size=32, seed=0, head_layers=2)
+    m.ea_layer.save_pretrained(tmp_path / "h", dtype=torch.float32, include_embeddings=True)
+    keys = set(load_file(str(tmp_path / "h" / "model.safetensors")))
+    assert "layers.1.input_layernorm.weight" in keys and "layers.0.input_layernorm.weight" not in keys
+    assert {k.split(".")[1] for k in keys if k.startswith("layers.")} == {"0", "1"}
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    head = EagleHead.from_pretrained(tmp_path / "h")
+    ids, feats = torch.randint(0, 32, (1, 6)), torch.randn(1, 6, 32)
+    torch.testing.assert_close(head(ids, feats), m.ea_layer(ids, feats))
+    for bad in (0, "2", None):
+        cfg["num_hidden_layers"] = bad
+        (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(CheckpointMismatchError, match="num_hidden_layers"):
+            EagleHead.from_pretrained(tmp_path / "h")
+    # a one-layer config over two layers' weights names the extra key
+    cfg["num_hidden_layers"] = 1
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointMismatchError, match="layers.1."):
+        EagleHead.from_pretrained(tmp_path / "h")
+
+
+def test_add_layer_keeps_the_function_and_the_new_layer_trains():
+    from eagle.model.head import add_layer
+
+    m = tiny_ea_model(vocab_size=32, seed=2, aligned=True)
+    h1 = m.ea_layer
+    h2 = add_layer(h1)
+    assert len(h2.layers) == 2 and h2.config.num_hidden_layers == 2 and len(h1.layers) == 1
+    assert h2.embed_tokens is h1.embed_tokens
+    ids, feats = torch.randint(0, 32, (2, 9)), torch.randn(2, 9, 32)
+    torch.testing.assert_close(h2(ids, feats), h1(ids, feats), atol=0, rtol=0)
+    for k, v in h1.state_dict().items():  # the copy does not alias the old head's own weights
+        if not k.startswith("embed_tokens."):
+            assert h2.state_dict()[k].data_ptr() != v.data_ptr()
+    # the zero branches get gradients, so training can move the new layer off the identity
+    h2(ids, feats).square().sum().backward()
+    assert h2.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert h2.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
+
+
 def test_head_target_mismatch(tmp_path):
     from eagle.model.ea_model import EaModel
 
@@ -224,10 +282,12 @@ def test_head_target_mismatch(tmp_path):
         EaModel(b.base_model, a.ea_layer)
 
 
-def test_head_cache_holds_exactly_the_committed_pairs(monkeypatch):
+@pytest.mark.parametrize("head_layers", [1, 2])
+def test_head_cache_holds_exactly_the_committed_pairs(monkeypatch, head_layers):
     """At every draft call the head cache equals a fresh head pass over the committed
-    (embed(x_{t+1}), target feature_t) pairs: draft positions never leak into later cycles."""
-    m = tiny_ea_model(vocab_size=32, seed=1, aligned=True)
+    (embed(x_{t+1}), target feature_t) pairs, in every head layer: draft positions never leak into
+    later cycles."""
+    m = tiny_ea_model(vocab_size=32, seed=1, aligned=True, head_layers=head_layers)
     seen = []
     original = m.drafter.draft
 
@@ -244,5 +304,6 @@ def test_head_cache_holds_exactly_the_committed_pairs(monkeypatch):
         feats, _ = m.target_forward(out[:, :c], torch.arange(c)[None], new_cache(m.base_model.config))
         fresh = new_cache(m.ea_layer.config)
         m.ea_layer(out[:, 1:c + 1], feats, position_ids=torch.arange(c)[None], cache=fresh)
-        k, v = layers[0]
-        assert (k - fresh.layers[0].keys).abs().max() <= 1e-4 and (v - fresh.layers[0].values).abs().max() <= 1e-4
+        assert len(layers) == head_layers
+        for (k, v), fl in zip(layers, fresh.layers):
+            assert (k - fl.keys).abs().max() <= 1e-4 and (v - fl.values).abs().max() <= 1e-4

@@ -450,3 +450,35 @@ def test_evaluate_splits_copy_and_other_positions():
     assert plain["acc_by_depth"] == ev["acc_by_depth"] and "copy" not in plain
     with pytest.raises(ValueError, match="depths"):
         T.evaluate(head, W, seqs, 4096, depths=1, split_copy=True)
+
+
+def test_train_layers_appends_an_identity_layer_to_init_and_trains_it(tiny_base, tiny_data, tmp_path):
+    """--init H1 --layers 2: step 0 is H1's function (same held-out loss), the saved head has two
+    layers, and the appended layer moved off zero; --layers below the init's count is refused."""
+    from safetensors.torch import load_file
+
+    data, _ = tiny_data
+    common = ["--base", str(tiny_base), "--data", str(data), "--batch-tokens", "256", "--threads", "1",
+              "--warmup", "1", "--val-frac", "0.3", "--eval-at-start"]
+    h1 = tmp_path / "h1"
+    T.main(common + ["--out", str(h1), "--max-steps", "10", "--lr", "3e-3"])
+    h2 = tmp_path / "h2"
+    log = T.main(common + ["--out", str(h2), "--max-steps", "15", "--init", str(h1), "--layers", "2", "--lr", "1e-9",
+                           "--new-layer-lr", "3e-3", "--unroll", "2"])
+    ref = T.main(common + ["--out", str(tmp_path / "h1b"), "--max-steps", "1", "--init", str(h1), "--lr", "1e-9",
+                           "--unroll", "2"])
+    assert log["eval"][0]["loss"] == pytest.approx(ref["eval"][0]["loss"], rel=1e-5)
+    s1, s2 = load_file(str(h1 / "model.safetensors")), load_file(str(h2 / "model.safetensors"))
+    assert json.load(open(h2 / "config.json"))["num_hidden_layers"] == 2
+    assert s2["layers.1.self_attn.o_proj.weight"].abs().max() > 0  # the new layer trained (its own rate)
+    assert torch.allclose(s1["fc.weight"].float(), s2["fc.weight"].float(), atol=1e-3)  # the old ones barely (1e-9)
+    with pytest.raises(ValueError, match="--layers 1"):
+        T.main(common + ["--out", str(tmp_path / "h3"), "--max-steps", "1", "--init", str(h2), "--layers", "1"])
+
+
+@pytest.mark.parametrize("bad, flag", [(["--layers", "-1"], "--layers"), (["--new-layer-lr", "nan"], "--new-layer-lr"),
+                                       (["--new-layer-lr", "1e-3"], "--new-layer-lr")])
+def test_layer_flags_are_checked_before_any_work(bad, flag, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        T.main(["--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"), *bad])
+    assert flag in capsys.readouterr().err

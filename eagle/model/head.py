@@ -6,11 +6,16 @@ whose input layernorm is absent. No final norm and no own lm_head: draft logits 
 target's ``lm_head(head output)``. ``feature_t`` is the target's last hidden state after its
 final norm.
 
-Checkpoint layout (``config.json`` = a LlamaConfig with ``num_hidden_layers = 1``, plus
+EAGLE-1's own code builds ``config.num_hidden_layers`` decoder layers (its public heads use 1);
+layers after the first keep their input layernorm. A second layer lets the head copy from far back
+(induction: layer 0 moves the previous token into each position, layer 1 matches on it), which one
+layer cannot do because the target's feature barely encodes the current token.
+
+Checkpoint layout (``config.json`` = a LlamaConfig, ``num_hidden_layers`` = L >= 1, plus
 ``model.safetensors`` or ``pytorch_model.bin``): ``embed_tokens.weight`` (optional),
-``fc.weight``, ``fc.bias`` (absent when ``config.bias`` is false),
-``layers.0.self_attn.{q,k,v,o}_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
-``layers.0.post_attention_layernorm.weight``.
+``fc.weight``, ``fc.bias`` (absent when ``config.bias`` is false), and for each layer i < L
+``layers.i.self_attn.{q,k,v,o}_proj.weight``, ``layers.i.mlp.{gate,up,down}_proj.weight``,
+``layers.i.post_attention_layernorm.weight``, plus ``layers.i.input_layernorm.weight`` for i >= 1.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from .kv_cache import cache_kwargs
 
-__all__ = ["EagleHead", "CheckpointMismatchError", "head_config_from_base"]
+__all__ = ["EagleHead", "CheckpointMismatchError", "head_config_from_base", "add_layer"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 #: optional draft vocabulary beside the weights (``d2t``: int64 [K], see eagle.train.draft_vocab)
@@ -36,15 +41,21 @@ class CheckpointMismatchError(ValueError):
     """A head checkpoint whose keys or shapes do not match the architecture in its config."""
 
 
-def head_config_from_base(base_config, bias: bool = True) -> LlamaConfig:
-    """A head LlamaConfig (one layer) matching a target's config (hidden size, heads, rope, vocab)."""
+def head_config_from_base(base_config, bias: bool = True, layers: int = 1) -> LlamaConfig:
+    """A head LlamaConfig with ``layers`` decoder layers (EAGLE-1: 1) matching a target's config
+    (hidden size, heads, rope, vocab).
+
+    Raises:
+        ValueError: ``layers`` is not an integer >= 1.
+    """
+    layers = _layer_count(layers)
     d = base_config.to_dict()
     keep = ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "rms_norm_eps", "vocab_size", "max_position_embeddings", "rope_parameters", "rope_theta",
             "rope_scaling", "hidden_act", "attention_bias", "mlp_bias", "pad_token_id", "bos_token_id",
             "eos_token_id"]
     cfg = LlamaConfig(**{k: d[k] for k in keep if k in d and d[k] is not None})
-    cfg.num_hidden_layers = 1
+    cfg.num_hidden_layers = layers
     cfg.bias = bool(bias)
     cfg.architectures = ["LlamaForCausalLM"]
     return cfg
@@ -54,23 +65,22 @@ class EagleHead(nn.Module):
     """EAGLE-1 draft head.
 
     Args:
-        config: LlamaConfig of the head (``num_hidden_layers`` must be 1). ``config.bias``
-            (default True) sets the bias of ``fc``.
+        config: LlamaConfig of the head (``num_hidden_layers`` >= 1; EAGLE-1's public heads have 1).
+            ``config.bias`` (default True) sets the bias of ``fc``.
         with_embeddings: allocate ``embed_tokens`` (``[V, H]``). Without it, call
             :meth:`tie_embeddings` with the target's input embedding before use.
     """
 
     def __init__(self, config: LlamaConfig, with_embeddings: bool = True):
         super().__init__()
-        if getattr(config, "num_hidden_layers", 1) != 1:
-            raise ValueError(f"an EAGLE-1 head has one decoder layer; config says {config.num_hidden_layers}")
+        n_layers = _layer_count(getattr(config, "num_hidden_layers", 1))
         self.config = config
         h = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, h) if with_embeddings else None
         self.fc = nn.Linear(2 * h, h, bias=bool(getattr(config, "bias", True)))
-        layer = LlamaDecoderLayer(config, layer_idx=0)
-        layer.input_layernorm = nn.Identity()  # EAGLE-1: attention sees fc's output directly
-        self.layers = nn.ModuleList([layer])
+        layers = [LlamaDecoderLayer(config, layer_idx=i) for i in range(n_layers)]
+        layers[0].input_layernorm = nn.Identity()  # EAGLE-1: the first attention sees fc's output directly
+        self.layers = nn.ModuleList(layers)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         # float32 master copies of the rotary buffers: a move to float16 must not round the angles
         # (the target keeps them in float32; see _apply)
@@ -178,8 +188,12 @@ class EagleHead(nn.Module):
         folder = _resolve_folder(path, **hub_kwargs)
         with open(folder / "config.json") as f:
             cfg_dict = json.load(f)
+        try:
+            n_layers = _layer_count(cfg_dict.get("num_hidden_layers", 1))
+        except ValueError as e:
+            raise CheckpointMismatchError(f"{folder / 'config.json'}: {e}") from e
         config = LlamaConfig(**cfg_dict)
-        config.num_hidden_layers = 1
+        config.num_hidden_layers = n_layers
         config.bias = bool(cfg_dict.get("bias", True))
         config._attn_implementation = attn_implementation
         state = _load_state(folder)
@@ -234,12 +248,57 @@ class EagleHead(nn.Module):
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
         cfg = self.config.to_dict()
         cfg["bias"] = bool(getattr(self.config, "bias", True))
-        cfg["num_hidden_layers"] = 1
+        cfg["num_hidden_layers"] = len(self.layers)
         for k in ("_attn_implementation", "_attn_implementation_autoset", "dtype", "torch_dtype"):
             cfg.pop(k, None)
         with open(folder / "config.json", "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True, default=str)
         return folder
+
+
+def add_layer(head: "EagleHead") -> "EagleHead":
+    """A copy of ``head`` with one more decoder layer appended, computing the SAME function: the new
+    layer's ``o_proj`` and ``down_proj`` are zero, so its residual branches add nothing until trained
+    (its other weights are drawn as transformers initialises a Llama layer, its input layernorm is 1).
+
+    Args:
+        head: an :class:`EagleHead` with ``L`` layers (its ``embed_tokens`` and draft vocabulary are
+            shared with the copy, not duplicated).
+
+    Returns:
+        a new :class:`EagleHead` with ``L + 1`` layers, float32 on ``head``'s device.
+    """
+    import copy
+
+    config = copy.deepcopy(head.config)
+    config.num_hidden_layers = len(head.layers) + 1
+    out = EagleHead(config, with_embeddings=False)
+    new = out.layers[-1]
+    std = float(getattr(config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.zero_()
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std)
+    own = {k: v for k, v in head.state_dict().items() if not k.startswith("embed_tokens.")}
+    missing, unexpected = out.load_state_dict(own, strict=False)
+    assert not unexpected and all(k.startswith(f"layers.{len(head.layers)}.") for k in missing), (missing, unexpected)
+    out.to(device=head.fc.weight.device, dtype=torch.float32)
+    if head.embed_tokens is not None:
+        out.embed_tokens = head.embed_tokens
+    out.d2t = head.d2t
+    return out
+
+
+def _layer_count(layers) -> int:
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"a head needs an integer number of decoder layers >= 1 (num_hidden_layers), got {layers!r}")
+    return layers
 
 
 def _causal_additive(n: int, past: int, dtype, device) -> torch.Tensor:

@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eagle.model.head import EagleHead, head_config_from_base
+from eagle.model.head import EagleHead, add_layer, head_config_from_base
 
 __all__ = ["load_sequences", "make_batches", "collate", "lookup_hits", "COPY_NGRAM", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
            "train", "main"]
@@ -539,20 +539,34 @@ def train(args) -> dict:
     n_tok = sum(len(s["ids"]) for s in tr)
     n_resp = sum(int(s["mask"][1:].sum()) for s in tr)
 
-    head_cfg = head_config_from_base(cfg, bias=True)
+    n_layers = int(getattr(args, "layers", 0) or 0)
+    head_cfg = head_config_from_base(cfg, bias=True, layers=max(n_layers, 1))
     head_cfg._attn_implementation = "sdpa"
+    init_layers = 0
     if args.init:  # warm start from an earlier head (public EAGLE-1 layout), trained further in float32
         head = EagleHead.from_pretrained(args.init, embedding=emb).float()
         if head.config.hidden_size != head_cfg.hidden_size or head.config.vocab_size != head_cfg.vocab_size:
             raise ValueError(f"--init {args.init}: head (hidden {head.config.hidden_size}, vocab "
                              f"{head.config.vocab_size}) does not fit the base (hidden {head_cfg.hidden_size}, "
                              f"vocab {head_cfg.vocab_size})")
+        init_layers = len(head.layers)
+        if n_layers and n_layers < init_layers:
+            raise ValueError(f"--layers {n_layers}: the --init head already has {init_layers} decoder layers")
+        while n_layers and len(head.layers) < n_layers:  # new layers start as the identity (add_layer)
+            head = add_layer(head)
     else:
         head = EagleHead(head_cfg, with_embeddings=False)
     head.tie_embeddings(emb)
     head.to(device)
-    params = [p for n, p in head.named_parameters() if p.requires_grad and not n.startswith("embed_tokens")]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    new_prefixes = tuple(f"layers.{i}." for i in range(init_layers, len(head.layers))) if args.init else ()
+    new_lr = float(getattr(args, "new_layer_lr", 0.0) or 0.0) or args.lr
+    old_params = [p for n, p in head.named_parameters()
+                  if p.requires_grad and not n.startswith("embed_tokens") and not n.startswith(new_prefixes or ("\0",))]
+    new_params = [p for n, p in head.named_parameters() if p.requires_grad and new_prefixes and n.startswith(new_prefixes)]
+    groups = [{"params": old_params, "lr": args.lr, "lr_scale": 1.0}]
+    if new_params:
+        groups.append({"params": new_params, "lr": new_lr, "lr_scale": new_lr / args.lr})
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
 
     epoch_batches = len(make_batches(tr, args.batch_tokens, random.Random(0)))
     total_steps = args.max_steps or int(math.ceil(args.epochs * epoch_batches))
@@ -609,7 +623,7 @@ def train(args) -> dict:
         for idx in make_batches(tr, args.batch_tokens, rng):
             lr = lr_at(step)
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g["lr_scale"]
             if args.unroll > 1 or copy_weight != 1.0:
                 ids, hid, mask = collate(tr, idx, device)
                 loss, st = unrolled_loss(head, lm_w_loss, ids, hid, mask, steps=args.unroll, decay=args.unroll_decay,
@@ -621,7 +635,7 @@ def train(args) -> dict:
                                       w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(params, args.clip)
+            gnorm = torch.nn.utils.clip_grad_norm_(old_params + new_params, args.clip)
             opt.step()
             step += 1
             bar.update(1)
@@ -673,6 +687,11 @@ def main(argv: list[str] | None = None) -> dict:
                          "these K lm_head rows only (the draft law the drafter will use; ~V/K times cheaper) and "
                          "copy the file beside the trained head; held-out evaluation stays over the full vocabulary")
     ap.add_argument("--init", default="", help="start from this head folder (public EAGLE-1 layout) instead of random")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="decoder layers of the head (EAGLE-1: 1; 0 = those of --init, else 1). With --init, extra "
+                         "layers are appended as the identity (zero o_proj / down_proj) and trained from there")
+    ap.add_argument("--new-layer-lr", type=float, default=0.0,
+                    help="peak learning rate of the layers --layers appends to --init (0: --lr); same schedule")
     ap.add_argument("--out", required=True, help="head folder (config.json + model.safetensors + train_log.json)")
     ap.add_argument("--epochs", type=float, default=3.0)
     ap.add_argument("--max-steps", type=int, default=0, help="overrides --epochs when > 0")
@@ -712,6 +731,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not (math.isfinite(args.copy_weight) and args.copy_weight > 0):
         ap.error(f"--copy-weight must be a finite number > 0, got {args.copy_weight}")
+    if args.layers < 0:
+        ap.error(f"--layers must be >= 1 (or 0: those of --init), got {args.layers}")
+    if not (math.isfinite(args.new_layer_lr) and args.new_layer_lr >= 0):
+        ap.error(f"--new-layer-lr must be a finite number >= 0, got {args.new_layer_lr}")
+    if args.new_layer_lr and not (args.init and args.layers):
+        ap.error("--new-layer-lr needs --init and --layers (it is the rate of the layers appended to --init)")
     args.device = parse_device(ap, args.device)
     return train(args)
 
