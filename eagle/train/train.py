@@ -31,7 +31,10 @@ Alignment (one sequence of tokens ``x_0..x_{L-1}`` with target features ``f_0..f
   the held-out sequences (teacher-forced, depth 1).
 
 Embeddings (the target's ``embed_tokens``) and ``lm_head`` are frozen; only ``fc`` and the decoder
-layer train. Input features get uniform noise ``U(-a, a)``, ``a = --noise`` (0.1, EAGLE-1's value;
+layers train. ``--layers N`` sets the head's decoder layers (EAGLE-1: 1; the checkpoint layout is EAGLE-1's
+own for any N, see :mod:`eagle.model.head`); with ``--init`` the layers beyond the initial head's are
+appended by :func:`eagle.model.head.add_layer` (zero output projections: step 0 is the initial head) and
+train at ``--new-layer-lr`` (same warmup and decay). Input features get uniform noise ``U(-a, a)``, ``a = --noise`` (0.1, EAGLE-1's value;
 SmolLM2-135M features have std ~2, so it is a mild perturbation). AdamW, linear warmup then cosine
 decay to ``--min-lr-ratio``; progress = max(step / total steps, elapsed / --max-minutes), so a
 time-budgeted run still finishes its decay. Gradients clipped to ``--clip``. Checkpoints in the
