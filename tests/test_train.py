@@ -472,6 +472,9 @@ def test_train_layers_appends_an_identity_layer_to_init_and_trains_it(tiny_base,
     assert json.load(open(h2 / "config.json"))["num_hidden_layers"] == 2
     assert s2["layers.1.self_attn.o_proj.weight"].abs().max() > 0  # the new layer trained (its own rate)
     assert torch.allclose(s1["fc.weight"].float(), s2["fc.weight"].float(), atol=1e-3)  # the old ones barely (1e-9)
+    with pytest.raises(ValueError, match="appends none"):
+        T.main(common + ["--out", str(tmp_path / "h4"), "--max-steps", "1", "--init", str(h2), "--layers", "2",
+                         "--new-layer-lr", "1e-3"])
     with pytest.raises(ValueError, match="--layers 1"):
         T.main(common + ["--out", str(tmp_path / "h3"), "--max-steps", "1", "--init", str(h2), "--layers", "1"])
 

@@ -566,6 +566,9 @@ def train(args) -> dict:
     old_params = [p for n, p in head.named_parameters()
                   if p.requires_grad and not n.startswith("embed_tokens") and not n.startswith(new_prefixes or ("\0",))]
     new_params = [p for n, p in head.named_parameters() if p.requires_grad and new_prefixes and n.startswith(new_prefixes)]
+    if float(getattr(args, "new_layer_lr", 0.0) or 0.0) and not new_params:
+        raise ValueError(f"--new-layer-lr: the --init head already has {len(head.layers)} layers, so --layers "
+                         f"{n_layers} appends none")
     groups = [{"params": old_params, "lr": args.lr, "lr_scale": 1.0}]
     if new_params:
         groups.append({"params": new_params, "lr": new_lr, "lr_scale": new_lr / args.lr})
