@@ -279,9 +279,7 @@ def add_layer(head: "EagleHead") -> "EagleHead":
         for name, p in new.named_parameters():
             if name.endswith("layernorm.weight"):
                 p.fill_(1.0)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.zero_()
-            elif name.endswith(".bias"):
+            elif name.endswith(("o_proj.weight", "down_proj.weight", ".bias")):
                 p.zero_()
             else:
                 p.normal_(0.0, std)

@@ -561,17 +561,19 @@ def train(args) -> dict:
         head = EagleHead(head_cfg, with_embeddings=False)
     head.tie_embeddings(emb)
     head.to(device)
-    new_prefixes = tuple(f"layers.{i}." for i in range(init_layers, len(head.layers))) if args.init else ()
-    new_lr = float(getattr(args, "new_layer_lr", 0.0) or 0.0) or args.lr
-    old_params = [p for n, p in head.named_parameters()
-                  if p.requires_grad and not n.startswith("embed_tokens") and not n.startswith(new_prefixes or ("\0",))]
-    new_params = [p for n, p in head.named_parameters() if p.requires_grad and new_prefixes and n.startswith(new_prefixes)]
-    if float(getattr(args, "new_layer_lr", 0.0) or 0.0) and not new_params:
+    # layers appended to --init by --layers train at --new-layer-lr (same schedule); everything else at --lr
+    new_layer_lr = float(getattr(args, "new_layer_lr", 0.0) or 0.0)
+    groups = {"old": [], "new": []}
+    for name, p in head.named_parameters():
+        if p.requires_grad and not name.startswith("embed_tokens"):
+            is_new = args.init and name.startswith("layers.") and int(name.split(".")[1]) >= init_layers
+            groups["new" if is_new else "old"].append(p)
+    if new_layer_lr and not groups["new"]:
         raise ValueError(f"--new-layer-lr: the --init head already has {len(head.layers)} layers, so --layers "
                          f"{n_layers} appends none")
-    groups = [{"params": old_params, "lr": args.lr, "lr_scale": 1.0}]
-    if new_params:
-        groups.append({"params": new_params, "lr": new_lr, "lr_scale": new_lr / args.lr})
+    params = groups["old"] + groups["new"]
+    groups = [{"params": groups["old"], "peak_lr": args.lr}] + (
+        [{"params": groups["new"], "peak_lr": new_layer_lr or args.lr}] if groups["new"] else [])
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
 
     epoch_batches = len(make_batches(tr, args.batch_tokens, random.Random(0)))
@@ -629,7 +631,7 @@ def train(args) -> dict:
         for idx in make_batches(tr, args.batch_tokens, rng):
             lr = lr_at(step)
             for g in opt.param_groups:
-                g["lr"] = lr * g["lr_scale"]
+                g["lr"] = lr * g["peak_lr"] / args.lr if args.lr else 0.0
             if args.unroll > 1 or copy_weight != 1.0:
                 ids, hid, mask = collate(tr, idx, device)
                 loss, st = unrolled_loss(head, lm_w_loss, ids, hid, mask, steps=args.unroll, decay=args.unroll_decay,
@@ -641,7 +643,7 @@ def train(args) -> dict:
                                       w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(old_params + new_params, args.clip)
+            gnorm = torch.nn.utils.clip_grad_norm_(params, args.clip)
             opt.step()
             step += 1
             bar.update(1)
