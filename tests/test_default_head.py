@@ -22,7 +22,7 @@ def test_shipped_head_files(head_folder):
     from safetensors.torch import load_file
 
     cfg = json.load(open(head_folder / "config.json"))
-    assert cfg["num_hidden_layers"] == 1 and cfg["hidden_size"] == H and cfg["vocab_size"] == V
+    assert cfg["num_hidden_layers"] == 2 and cfg["hidden_size"] == H and cfg["vocab_size"] == V
     state = load_file(str(head_folder / "model.safetensors"))
     assert "embed_tokens.weight" not in state
     assert all(t.dtype == torch.float16 for t in state.values())
@@ -37,6 +37,7 @@ def test_shipped_head_loads_with_target_embedding(head_folder):
     head = EagleHead.from_pretrained(head_folder, embedding=emb)
     assert head.embed_tokens is emb
     assert tuple(head.fc.weight.shape) == (H, 2 * H) and tuple(head.fc.bias.shape) == (H,)
+    assert len(head.layers) == 2 and tuple(head.layers[1].input_layernorm.weight.shape) == (H,)
     layer = head.layers[0]
     assert tuple(layer.self_attn.q_proj.weight.shape) == (H, H)
     assert tuple(layer.self_attn.k_proj.weight.shape) == (192, H)   # 3 KV heads x 64
