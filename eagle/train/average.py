@@ -19,11 +19,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..model.head import DRAFT_VOCAB_FILE as VOCAB_FILE
+
 __all__ = ["average_state_dicts", "average_heads", "main"]
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-VOCAB_FILE = "draft_vocab.safetensors"
+
+
+def _check_weights(weights: list[float], n_heads: int) -> None:
+    if not n_heads:
+        raise ValueError("average: no heads given")
+    if len(weights) != n_heads:
+        raise ValueError(f"average: {len(weights)} weights for {n_heads} heads")
+    w = torch.tensor(weights, dtype=torch.float64)
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or abs(float(w.sum()) - 1.0) > 1e-6:
+        raise ValueError(f"average: weights must be finite, >= 0 and sum to 1, got {weights}")
 
 
 def average_state_dicts(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
@@ -39,13 +50,7 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]], weights: list[flo
         ValueError: on no states, a weight count that differs from the state count, weights that are not
             finite, negative or do not sum to 1, differing key sets, differing shapes, or a non-floating tensor.
     """
-    if not states:
-        raise ValueError("average: no heads given")
-    if len(weights) != len(states):
-        raise ValueError(f"average: {len(weights)} weights for {len(states)} heads")
-    w = torch.tensor(weights, dtype=torch.float64)
-    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or abs(float(w.sum()) - 1.0) > 1e-6:
-        raise ValueError(f"average: weights must be finite, >= 0 and sum to 1, got {weights}")
+    _check_weights(weights, len(states))
     keys = set(states[0])
     for i, s in enumerate(states[1:], 1):
         if set(s) != keys:
@@ -77,6 +82,7 @@ def average_heads(heads: list[str | Path], out: str | Path, weights: list[float]
     heads = [Path(h) for h in heads]
     out = Path(out)
     weights = weights if weights is not None else [1.0 / len(heads)] * len(heads)
+    _check_weights(weights, len(heads))  # before any file is read
     for h in heads:
         for f in (MODEL_FILE, CONFIG_FILE):
             if not (h / f).is_file():
