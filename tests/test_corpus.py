@@ -412,3 +412,62 @@ def test_sampled_rule_and_a_further_run_over_the_same_pool(tiny, tmp_path, monke
     with pytest.raises(SystemExit, match="--shard-size"):   # same pool, other shards: other held-out prompts
         C.check_plan(root / "c", {**base, "run": "c", "shard_size": 5}, pool, stats)
     assert not (root / "c" / "plan.json").exists()
+
+
+def test_sequence_kinds_follow_the_corpus_and_kind_weights_resample(tiny, tmp_path):
+    """Each feature sequence gets its record's kind back from the corpus; --kind-weights resamples the mix
+    (0 drops a kind, 2 doubles it) and bad weights or unknown kinds stop naming the flag."""
+    import collections
+    import gzip
+    import json
+    import random
+
+    model, tok, folder = tiny
+    C.build(C.plan(_pool(), shard_size=6), tmp_path / "corpus" / "run", model, tok, max_new=4, gen_batch=3,
+            max_shards=4, model_name="tiny")
+    Fe.main(["--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "feat"), "--base", str(folder),
+             "--threads", "1", "--fast-cpu", "off", "--max-len", "60"])
+    expect = []
+    for sh in sorted((tmp_path / "corpus" / "run").glob("shard_*.jsonl.gz")):
+        recs = [json.loads(x) for x in gzip.open(sh, "rt")]
+        expect += [r["kind"] for r in recs if r["split"] == "train" for _ in Fe.sequences_of(r, 60)]
+    data = tmp_path / "feat" / "train"
+    seqs = T.load_sequences(data, max_len=60, corpus=tmp_path / "corpus")
+    got = [k for p in sorted(data.glob("shard_*.safetensors")) for k in Fe.sequence_kinds(p, tmp_path / "corpus")]
+    assert got == expect and len(set(got)) >= 3
+    kinds = [s["kind"] for s in seqs]
+    assert kinds == got                                     # same cut and filter as the features
+    # the corpus folder of one run works too; a corpus that lost the shard is named
+    first = sorted(data.glob("*.safetensors"))[0]
+    assert Fe.sequence_kinds(first, tmp_path / "corpus" / "run") == Fe.sequence_kinds(first, tmp_path / "corpus")
+    with pytest.raises(ValueError, match="not under"):
+        Fe.sequence_kinds(first, tmp_path)
+    # weighted epochs: expected count per sequence = its kind's weight
+    k0, k1 = sorted(set(kinds))[:2]
+    w = {k0: 0.0, k1: 2.5}
+    counts = collections.Counter()
+    rng = random.Random(0)
+    for _ in range(200):
+        counts.update(T.weighted_order(kinds, w, rng))
+    for i, k in enumerate(kinds):
+        assert counts[i] / 200 == pytest.approx(w.get(k, 1.0), abs=0.25)
+    assert all(counts[i] == 0 for i, k in enumerate(kinds) if k == k0)
+    batches = T.make_batches(seqs, 512, random.Random(1), order=T.weighted_order(kinds, w, random.Random(2)))
+    flat = [i for b in batches for i in b]
+    assert not any(kinds[i] == k0 for i in flat) and sum(kinds[i] == k1 for i in flat) >= 2 * kinds.count(k1)
+    assert T.parse_kind_weights(" chat=0.5, qa=2 ,") == {"chat": 0.5, "qa": 2.0}
+    for bad in ("chat", "chat=x", "chat=-1", "chat=inf", "=2", "qa=1,qa=2"):
+        with pytest.raises(ValueError, match="--kind-weights"):
+            T.parse_kind_weights(bad)
+    common = ["--base", str(folder), "--data", str(data), "--max-steps", "2", "--batch-tokens", "512", "--threads",
+              "1", "--max-len", "60", "--val-frac", "0.3"]
+    cor = ["--corpus", str(tmp_path / "corpus")]
+    log = T.main(common + ["--out", str(tmp_path / "h"), "--kind-weights", f"{k0}=0,{k1}=2"] + cor)
+    assert log["kinds"][k0]["weighted_share"] == 0.0 and log["kinds"][k1]["weight"] == 2.0
+    assert sum(v["sequences"] for v in log["kinds"].values()) == log["train_sequences"]
+    with pytest.raises(ValueError, match="--kind-weights: no training sequence has kind"):
+        T.main(common + ["--out", str(tmp_path / "h2"), "--kind-weights", "nosuchkind=2"] + cor)
+    for bad in (["--kind-weights", "qa=-1"], ["--corpus", str(tmp_path / "corpus")],
+                ["--kind-weights", "qa=1", "--corpus", str(tmp_path / "none")]):
+        with pytest.raises(SystemExit):
+            T.main(common + ["--out", str(tmp_path / "h3")] + bad)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["sequences_of", "build_feature_shard", "parse_shard_ranges", "main"]
+__all__ = ["sequences_of", "build_feature_shard", "sequence_kinds", "parse_shard_ranges", "main"]
 
 DEFAULT_MAX_LEN = 768
 VIEWS = ("answers", "recall")
@@ -74,6 +74,56 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
         "hidden": torch.cat(hidden, 0).contiguous() if hidden else torch.zeros(0, H, dtype=torch.float16),
         "offsets": torch.tensor(offsets, dtype=torch.int64),
     }
+
+
+#: the kind given to every sequence of a ``--view recall`` feature shard (for ``--kind-weights``)
+RECALL_KIND = "recall"
+
+
+def sequence_kinds(path: str | os.PathLike, corpus: str | os.PathLike) -> list[str]:
+    """The corpus ``kind`` of each sequence of one feature shard (``OUT/{train,heldout}/shard_RUN_NNNNN``).
+
+    The shard's metadata names its corpus shard, view and ``max_len``; the records of that corpus shard
+    and split are re-read from ``corpus`` (the corpus root holding ``RUN/``, or the run folder itself)
+    and cut into sequences exactly as :func:`main` did (:func:`sequences_of`). Every sequence of a
+    recall-view shard gets :data:`RECALL_KIND`.
+
+    Returns:
+        One kind string per sequence, in the shard's order (``len == offsets.numel() - 1``).
+
+    Raises:
+        ValueError: the corpus shard is missing, or its sequences do not match the feature shard's count
+            (the corpus changed after the features were written).
+    """
+    import gzip
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    with safe_open(str(path), "pt") as f:
+        meta = dict(f.metadata() or {})
+        n_seq = int(f.get_slice("offsets").get_shape()[0]) - 1
+    if meta.get("view", "answers") == "recall":
+        return [RECALL_KIND] * n_seq
+    name = meta.get("corpus_shard")
+    run = path.stem[len("shard_"):].rsplit("_", 1)[0] if path.stem.startswith("shard_") else ""
+    if not name or "max_len" not in meta:
+        raise ValueError(f"{path}: feature shard without corpus_shard / max_len metadata (written by an older "
+                         "eagle.train.features); kinds cannot be recovered")
+    corpus = Path(corpus)
+    src = next((c for c in (corpus / run / name, corpus / name) if c.is_file()), None)
+    if src is None:
+        raise ValueError(f"{path}: its corpus shard {run}/{name} is not under {corpus}")
+    split = path.parent.name
+    with gzip.open(src, "rt", encoding="utf-8") as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    max_len = int(meta["max_len"])
+    kinds = [str(r.get("kind", "")) for r in recs if r.get("split", "train") == split
+             for _ in sequences_of(r, max_len)]
+    if len(kinds) != n_seq:
+        raise ValueError(f"{path}: {n_seq} sequences, but {src} gives {len(kinds)} for split {split!r} at max_len "
+                         f"{max_len}; recompute the features of this shard")
+    return kinds
 
 
 def _cached_meta(path: Path) -> tuple[int, str, int | None]:

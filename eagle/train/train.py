@@ -5,7 +5,10 @@
 Several data folders train together; ``--val-data`` restricts the held-out sequences to some of
 them (``--val-data-exclusive``: and none of their sequences is trained on, even beyond
 ``--val-max-seqs``), and ``--init`` continues from an existing head (public EAGLE-1 layout) instead of a random
-one. With ``--init``, hold out a folder the initial head never trained on.
+one. With ``--init``, hold out a folder the initial head never trained on. ``--kind-weights chat=0.5,qa=2``
+changes the corpus mix by resampling: each training sequence is seen ``w`` times per epoch in expectation,
+``w`` its record kind's weight (kinds read back from ``--corpus``, :func:`eagle.train.features.sequence_kinds`;
+a recall-view shard's sequences have kind ``recall``); ``train_log.json`` records each kind's share before and after.
 
 Alignment (one sequence of tokens ``x_0..x_{L-1}`` with target features ``f_0..f_{L-1}``, where
 ``f_t`` is the target's last hidden state after its final norm having read ``x_0..x_t``, so
@@ -62,7 +65,7 @@ import torch.nn.functional as F
 
 from eagle.model.head import EagleHead, add_layer, head_config_from_base
 
-__all__ = ["load_sequences", "make_batches", "collate", "lookup_hits", "COPY_NGRAM", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
+__all__ = ["load_sequences", "parse_kind_weights", "weighted_order", "make_batches", "collate", "lookup_hits", "COPY_NGRAM", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
            "train", "main"]
 
 
@@ -71,36 +74,96 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
-def load_sequences(folder: str | os.PathLike, max_len: int = 512) -> list[dict]:
+def load_sequences(folder: str | os.PathLike, max_len: int = 512, corpus: str | os.PathLike | None = None) -> list[dict]:
     """Split the shards of ``folder`` into sequences.
+
+    Args:
+        corpus: the token-id corpus the shards were computed from (:mod:`eagle.train.corpus`); when given,
+            each sequence also carries its record's ``"kind"`` (:func:`eagle.train.features.sequence_kinds`).
 
     Returns:
         ``[{"ids": int64 [n], "mask": bool [n], "hidden": float16 [n, H]}]`` (views into the shard
-        tensors, truncated to ``max_len`` tokens), sequences with fewer than 3 tokens or no
-        response token left out, in shard order.
+        tensors, truncated to ``max_len`` tokens; plus ``"kind"`` with ``corpus``), sequences with fewer
+        than 3 tokens or no response token left out, in shard order.
+
+    Raises:
+        ValueError: with ``corpus``, a shard whose kinds cannot be recovered (see ``sequence_kinds``).
     """
-    from eagle.train.data import load_shards
+    from safetensors.torch import load_file
+
+    from eagle.train.features import sequence_kinds
 
     seqs = []
-    for sh in load_shards(folder):
+    for path in sorted(Path(folder).glob("shard_*.safetensors")):
+        sh = load_file(str(path))
         off = sh["offsets"].tolist()
+        kinds = sequence_kinds(path, corpus) if corpus is not None else None
         ids = sh["input_ids"].long()
         mask = sh["loss_mask"].bool()
-        for a, b in zip(off[:-1], off[1:]):
+        for j, (a, b) in enumerate(zip(off[:-1], off[1:])):
             b = min(b, a + max_len)
             if b - a < 3 or not mask[a + 1:b].any():
                 continue
-            seqs.append({"ids": ids[a:b], "mask": mask[a:b], "hidden": sh["hidden"][a:b]})
+            seqs.append({"ids": ids[a:b], "mask": mask[a:b], "hidden": sh["hidden"][a:b],
+                         **({"kind": kinds[j]} if kinds is not None else {})})
     return seqs
 
 
-def make_batches(seqs: list[dict], batch_tokens: int, rng: random.Random, pool: int = 64) -> list[list[int]]:
+def parse_kind_weights(spec: str) -> dict[str, float]:
+    """``"chat=0.5,qa=2"`` -> ``{"chat": 0.5, "qa": 2.0}`` (``--kind-weights``; empty string -> ``{}``).
+
+    Raises:
+        ValueError: an item that is not ``KIND=W``, a kind given twice, or a weight that is not a finite
+            number >= 0.
+    """
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        kind, sep, w = item.partition("=")
+        kind = kind.strip()
+        try:
+            val = float(w)
+        except ValueError:
+            val = float("nan")
+        if not sep or not kind:
+            raise ValueError(f"--kind-weights: {item!r} is not KIND=WEIGHT")
+        if kind in out:
+            raise ValueError(f"--kind-weights: kind {kind!r} given twice")
+        if not (math.isfinite(val) and val >= 0):
+            raise ValueError(f"--kind-weights: weight of {kind!r} must be a finite number >= 0, got {w.strip()!r}")
+        out[kind] = val
+    return out
+
+
+def weighted_order(kinds: list[str], weights: dict[str, float], rng: random.Random) -> list[int]:
+    """One epoch's sequence indices with each kind re-weighted (the corpus mix changed by resampling).
+
+    Sequence ``i`` of kind ``k`` appears ``floor(w) + Bernoulli(w - floor(w))`` times, ``w =
+    weights.get(k, 1.0)``, so its expected count per epoch is ``w`` (0 drops the kind, 2 doubles it).
+
+    Returns:
+        Indices into ``kinds`` (unshuffled: :func:`make_batches` shuffles).
+    """
+    order = []
+    for i, k in enumerate(kinds):
+        w = weights.get(k, 1.0)
+        n = int(math.floor(w))
+        n += rng.random() < w - n
+        order.extend([i] * n)
+    return order
+
+
+def make_batches(seqs: list[dict], batch_tokens: int, rng: random.Random, pool: int = 64,
+                 order: list[int] | None = None) -> list[list[int]]:
     """One epoch of batches (lists of indices into ``seqs``).
 
     Shuffle, sort each pool of ``pool`` sequences by length, cut into batches whose padded size
     ``len(batch) * max_len`` stays within ``batch_tokens`` (at least one sequence), shuffle batches.
+    ``order`` (indices, repeats allowed; default every sequence once) is the epoch's multiset, e.g.
+    :func:`weighted_order`.
     """
-    order = list(range(len(seqs)))
+    order = list(range(len(seqs))) if order is None else list(order)
     rng.shuffle(order)
     batches = []
     for p in range(0, len(order), pool):
@@ -525,7 +588,11 @@ def train(args) -> dict:
     unknown = [d for d in val_folders if d not in folders]
     if unknown:
         raise ValueError(f"--val-data folders {unknown} are not in --data {folders}")
-    by_folder = {d: load_sequences(d, args.max_len) for d in folders}
+    kind_weights = parse_kind_weights(getattr(args, "kind_weights", "") or "")
+    corpus = (getattr(args, "corpus", "") or None) if kind_weights else None
+    if kind_weights and corpus is None:
+        from eagle.train.corpus import DEFAULT_ROOT as corpus
+    by_folder = {d: load_sequences(d, args.max_len, corpus=corpus) for d in folders}
     seqs = [s for d in folders for s in by_folder[d]]
     pool = [s for d in val_folders for s in by_folder[d]]
     if len(seqs) < 2 or not pool:
@@ -540,6 +607,27 @@ def train(args) -> dict:
         raise ValueError("no training sequences left: with --val-data-exclusive, --data needs a folder that is "
                          "not in --val-data")
     n_tok = sum(len(s["ids"]) for s in tr)
+    kind_stats = {}
+    if kind_weights:
+        for s_ in tr:
+            st_ = kind_stats.setdefault(s_["kind"], {"sequences": 0, "positions": 0})
+            st_["sequences"] += 1
+            st_["positions"] += int(s_["mask"][1:].sum())
+        unknown = sorted(set(kind_weights) - set(kind_stats))
+        if unknown:
+            raise ValueError(f"--kind-weights: no training sequence has kind {unknown} (kinds here: {sorted(kind_stats)})")
+        tot_w = sum(v["positions"] * kind_weights.get(k, 1.0) for k, v in kind_stats.items())
+        if tot_w <= 0:
+            raise ValueError("--kind-weights: every training sequence has weight 0")
+        for k, v in kind_stats.items():
+            v.update(weight=kind_weights.get(k, 1.0), share=round(v["positions"] / max(1, sum(
+                x["positions"] for x in kind_stats.values())), 4), weighted_share=round(
+                v["positions"] * kind_weights.get(k, 1.0) / tot_w, 4))
+    tr_kinds = [s_.get("kind", "") for s_ in tr]
+
+    def epoch_order(r: random.Random):  # None = every training sequence once
+        return weighted_order(tr_kinds, kind_weights, r) if kind_weights else None
+
     n_resp = sum(int(s["mask"][1:].sum()) for s in tr)
 
     n_layers = int(getattr(args, "layers", 0) or 0)
@@ -576,7 +664,7 @@ def train(args) -> dict:
         [{"params": groups["new"], "peak_lr": new_layer_lr or args.lr}] if groups["new"] else [])
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
 
-    epoch_batches = len(make_batches(tr, args.batch_tokens, random.Random(0)))
+    epoch_batches = len(make_batches(tr, args.batch_tokens, random.Random(0), order=epoch_order(random.Random(0))))
     total_steps = args.max_steps or int(math.ceil(args.epochs * epoch_batches))
     budget_s = args.max_minutes * 60 if args.max_minutes else None
 
@@ -591,7 +679,7 @@ def train(args) -> dict:
 
     out = Path(args.out)
     log = {"args": vars(args), "train_sequences": len(tr), "val_sequences": len(val), "train_tokens": n_tok,
-           "train_counted_positions": n_resp, "batches_per_epoch": epoch_batches, "planned_steps": total_steps,
+           "train_counted_positions": n_resp, **({"kinds": kind_stats} if kind_stats else {}), "batches_per_epoch": epoch_batches, "planned_steps": total_steps,
            "setup_seconds": round(time.time() - t0, 1), "history": [], "eval": []}
 
     def save(tag: str):
@@ -628,7 +716,7 @@ def train(args) -> dict:
     bar = tqdm(total=total_steps, desc="train", unit="step")
     head.train()
     while not stop:
-        for idx in make_batches(tr, args.batch_tokens, rng):
+        for idx in make_batches(tr, args.batch_tokens, rng, order=epoch_order(rng)):
             lr = lr_at(step)
             for g in opt.param_groups:
                 g["lr"] = lr * g["peak_lr"] / args.lr if args.lr else 0.0
@@ -723,6 +811,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--copy-weight", type=float, default=1.0,
                     help="loss weight of copy positions (the drafted token continues a 2-gram already in the context, "
                          "lookup_hits) relative to the others; 1.0 = every position alike")
+    ap.add_argument("--kind-weights", default="",
+                    help="re-weight the corpus mix by record kind, e.g. chat=0.5,qa=2,recall=1 (expected times each "
+                         "sequence is seen per epoch; default 1; 0 drops a kind). Kinds come from --corpus")
+    ap.add_argument("--corpus", default="",
+                    help="token-id corpus the --data features were computed from, for --kind-weights "
+                         "(default: data/distill)")
     ap.add_argument("--eval-depths", type=int, default=1,
                     help="held-out top-1/top-4 per draft depth 1..k (unrolled on the head's own features)")
     ap.add_argument("--val-frac", type=float, default=0.03)
@@ -745,6 +839,14 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--new-layer-lr must be a finite number >= 0, got {args.new_layer_lr}")
     if args.new_layer_lr and not (args.init and args.layers):
         ap.error("--new-layer-lr needs --init and --layers (it is the rate of the layers appended to --init)")
+    try:
+        parse_kind_weights(args.kind_weights)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.corpus and not args.kind_weights:
+        ap.error("--corpus is read only for --kind-weights; pass both or neither")
+    if args.corpus and not Path(args.corpus).is_dir():
+        ap.error(f"--corpus {args.corpus}: not a folder")
     args.device = parse_device(ap, args.device)
     return train(args)
 
