@@ -188,3 +188,32 @@ def test_heldout_cli_recall_view(tiny, tmp_path):
     for corpus in (blank, tmp_path / "missing"):   # nothing to score / no folder: one line, no table of zeros
         with pytest.raises(SystemExit):
             Ho.main(common[:2] + ["--corpus", str(corpus)] + common[4:] + ["--view", "recall"])
+
+
+def test_heldout_cli_by_kind_splits_positions_by_record_kind(tiny, tmp_path):
+    """--by-kind scores each record kind on its own; the kinds' positions add up to the whole set and their
+    position-weighted top-1 is the pooled one."""
+    from eagle.model.head import EagleHead, head_config_from_base
+    from eagle.train import heldout as Ho
+
+    model, tok, folder = tiny
+    (tmp_path / "corpus").mkdir()
+    recs = []
+    for i, kind in enumerate(["chat", "math", "chat", "translation"]):
+        r = _rec(f"Question {i} asks something here.", f"Answer {i} says this and then that, twice over.",
+                 uid=f"{kind}-{i}")
+        r["split"], r["temperature"], r["kind"] = "heldout", 0.0, kind
+        r["turns"][0]["answer_ids"] = tok.encode(r["messages"][1]["content"], add_special_tokens=False)
+        recs.append(r)
+    C.write_shard(tmp_path / "corpus" / "shard_00000.jsonl.gz", recs)
+    torch.manual_seed(0)
+    EagleHead(head_config_from_base(model.config), with_embeddings=False).save_pretrained(tmp_path / "head")
+    h = str(tmp_path / "head")
+    res = Ho.main(["--heads", h, "--corpus", str(tmp_path / "corpus"), "--base", str(folder), "--depths", "2",
+                   "--threads", "1", "--by-kind"])["heads"][h]
+    assert set(res["by_kind"]) == {"chat", "math", "translation"}
+    for d in range(2):
+        n = [v["n_by_depth"][d] for v in res["by_kind"].values()]
+        assert sum(n) == res["n_by_depth"][d]
+        pooled = sum(v["top1_by_depth"][d] * v["n_by_depth"][d] for v in res["by_kind"].values()) / sum(n)
+        assert pooled == pytest.approx(res["top1_by_depth"][d], abs=1e-3)

@@ -50,7 +50,8 @@ def depth_summary(r: dict) -> dict:
 
 def heldout_sequences(model, corpus, max_records: int, max_len: int | None = None, pad_id: int = 0,
                       temperature: float | None = None, view: str = "answers", tok=None) -> list[dict]:
-    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden).
+    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden, and the
+    record's ``kind``: ``recall-<kind>`` in the recall view).
 
     ``temperature`` keeps only records generated at that temperature (0.0 greedy, 1.0 sampled).
     ``view="recall"`` scores their recall sequences instead (:mod:`eagle.train.recall`; needs ``tok``;
@@ -77,7 +78,11 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
         from .recall import recall_records
 
         recs = recall_records(recs, tok, 0, max_len)
-    return shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
+    from .features import sequences_of
+
+    seqs = shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
+    kinds = [str(r.get("kind", "")) for r in recs for _ in sequences_of(r, max_len)]
+    return [{**s, "kind": k} for s, k in zip(seqs, kinds)]
 
 
 def target_top1(seqs: list[dict], lm_head_w: torch.Tensor) -> float:
@@ -93,9 +98,12 @@ def target_top1(seqs: list[dict], lm_head_w: torch.Tensor) -> float:
     return hit / max(n, 1)
 
 
-def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, batch_tokens: int = 2048) -> dict:
+def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, batch_tokens: int = 2048,
+                   by_kind: bool = False) -> dict:
     """``{head path: evaluate(...) dict with acc_by_depth / top4_by_depth / n_by_depth}``, each also split
-    into ``"copy"`` / ``"other"`` positions (:func:`eagle.train.train.lookup_hits`; ``depths >= 2``)."""
+    into ``"copy"`` / ``"other"`` positions (:func:`eagle.train.train.lookup_hits`; ``depths >= 2``), and with
+    ``by_kind`` into ``"by_kind": {kind: evaluate(...) dict}`` over the sequences of each record kind (each
+    kind is evaluated on its own, so this doubles the time)."""
     from eagle.model.head import EagleHead
 
     from .train import evaluate
@@ -106,6 +114,10 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
     for h in heads:
         head = EagleHead.from_pretrained(h, embedding=emb).float().to(w.device)
         out[h] = evaluate(head, w, seqs, batch_tokens, depths=depths, split_copy=depths > 1)
+        if by_kind:
+            kinds = sorted({s.get("kind", "") for s in seqs})
+            out[h]["by_kind"] = {k: evaluate(head, w, [s for s in seqs if s.get("kind", "") == k], batch_tokens,
+                                             depths=depths) for k in kinds}
     return out
 
 
@@ -128,6 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--view", choices=VIEWS, default="answers",
                     help="answers: the records as generated; recall: their recall sequences (a second turn asking "
                          "for a verbatim copy of earlier text, eagle.train.recall), where the target copies")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="also score each record kind on its own (chat, translation, math, ...; doubles the time)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="", help="also write the results here")
     add_device_argument(ap)
@@ -152,14 +166,16 @@ def main(argv: list[str] | None = None) -> dict:
     if not seqs:
         ap.error(f"--corpus {args.corpus}: none of the first {args.max_records} held-out records gives a sequence to "
                  f"score in the {args.view} view")
-    res = evaluate_heads(heads, seqs, model, args.depths)
+    res = evaluate_heads(heads, seqs, model, args.depths, by_kind=args.by_kind)
     t1 = target_top1(seqs, model.get_output_embeddings().weight.detach().float())
     summary = {"corpus": str(args.corpus), "records": args.max_records, "temperature": args.temperature,
                "view": args.view, "target_top1": round(t1, 4), "sequences": len(seqs),
                "positions": int(sum(int(s["mask"][1:].sum()) for s in seqs)), "depths": args.depths,
                "seconds": round(time.time() - t0, 1),
                "heads": {h: {**depth_summary(r), "smoothl1": round(r["reg"], 4), "ce": round(r["ce"], 4),
-                             "tv": round(r["tv"], 4)} for h, r in res.items()}}
+                             "tv": round(r["tv"], 4),
+                             **({"by_kind": {k: depth_summary(v) for k, v in r["by_kind"].items()}}
+                                if "by_kind" in r else {})} for h, r in res.items()}}
     print(f"held-out ({args.view}): {summary['sequences']} sequences, {summary['positions']} positions at depth 1; "
           f"the text's next token is the target's own top-1 at {t1:.3f} of them")
     print("| head | " + " | ".join(f"top-1 d{d}" for d in range(1, args.depths + 1)) + " | "
@@ -179,6 +195,14 @@ def main(argv: list[str] | None = None) -> dict:
         for h, r in summary["heads"].items():
             print(f"| {h} | " + " | ".join(f"{x:.3f}" for x in r["copy"]["top1_by_depth"]) + " | "
                   + " | ".join(f"{x:.3f}" for x in r["other"]["top1_by_depth"]) + " |")
+    if args.by_kind:
+        kinds = list(first["by_kind"])
+        print(f"\ntop-1 at depth 1 / depth {args.depths} per record kind (positions at depth 1)")
+        print("| head | " + " | ".join(f"{k} ({first['by_kind'][k]['n_by_depth'][0]})" for k in kinds) + " |")
+        print("|---" * (1 + len(kinds)) + "|")
+        for h, r in summary["heads"].items():
+            print(f"| {h} | " + " | ".join(f"{r['by_kind'][k]['top1_by_depth'][0]:.3f} / "
+                                           f"{r['by_kind'][k]['top1_by_depth'][-1]:.3f}" for k in kinds) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return summary
