@@ -20,10 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..model.head import DRAFT_VOCAB_FILE as VOCAB_FILE
+from ..model.head import WEIGHT_FILES
 
 __all__ = ["average_state_dicts", "average_heads", "main"]
 
-MODEL_FILE = "model.safetensors"
+MODEL_FILE = WEIGHT_FILES[0]  # model.safetensors, the layout heads are saved in
 CONFIG_FILE = "config.json"
 
 

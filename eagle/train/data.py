@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["load_alpaca", "normalise", "dedupe_against_specbench", "plan_shards", "build_shard",
-           "load_shards", "load_base", "DTYPES", "add_fast_cpu_argument", "add_device_argument", "parse_device",
+           "shard_paths", "load_shards", "load_base", "DTYPES", "add_fast_cpu_argument", "add_device_argument", "parse_device",
            "parse_worker", "main"]
 
 #: ``shared/`` next to the repository checkout (the team's data folder; pass --prompts / --specbench otherwise)
@@ -310,11 +310,16 @@ def build_shard(model, tok, shard: dict, *, max_new: int, max_len: int, gen_batc
     return tensors, meta
 
 
+def shard_paths(folder: str | os.PathLike) -> list[Path]:
+    """The complete shard files of ``folder`` (``shard_*.safetensors``; unfinished ``.tmp`` files excluded), in index order."""
+    return sorted(Path(folder).glob("shard_*.safetensors"))
+
+
 def load_shards(folder: str | os.PathLike) -> list[dict]:
     """All complete shards of ``folder`` as dicts of tensors (see the module docstring), in index order."""
     from safetensors.torch import load_file
 
-    return [load_file(str(p)) for p in sorted(Path(folder).glob("shard_*.safetensors"))]
+    return [load_file(str(p)) for p in shard_paths(folder)]
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["sequences_of", "build_feature_shard", "sequence_kinds", "parse_shard_ranges", "main"]
+__all__ = ["sequences_of", "build_feature_shard", "record_kinds", "sequence_kinds", "parse_shard_ranges", "main"]
 
 DEFAULT_MAX_LEN = 768
 VIEWS = ("answers", "recall")
@@ -76,6 +76,11 @@ def build_feature_shard(model, records: list[dict], *, max_len: int, batch_token
     }
 
 
+def record_kinds(records: list[dict], max_len: int) -> list[str]:
+    """The ``kind`` of the record behind each sequence :func:`build_feature_shard` makes of ``records``."""
+    return [str(r.get("kind", "")) for r in records for _ in sequences_of(r, max_len)]
+
+
 #: the kind given to every sequence of a ``--view recall`` feature shard (for ``--kind-weights``)
 RECALL_KIND = "recall"
 
@@ -118,8 +123,7 @@ def sequence_kinds(path: str | os.PathLike, corpus: str | os.PathLike) -> list[s
     with gzip.open(src, "rt", encoding="utf-8") as f:
         recs = [json.loads(line) for line in f if line.strip()]
     max_len = int(meta["max_len"])
-    kinds = [str(r.get("kind", "")) for r in recs if r.get("split", "train") == split
-             for _ in sequences_of(r, max_len)]
+    kinds = record_kinds([r for r in recs if r.get("split", "train") == split], max_len)
     if len(kinds) != n_seq:
         raise ValueError(f"{path}: {n_seq} sequences, but {src} gives {len(kinds)} for split {split!r} at max_len "
                          f"{max_len}; recompute the features of this shard")

@@ -78,11 +78,10 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
         from .recall import recall_records
 
         recs = recall_records(recs, tok, 0, max_len)
-    from .features import sequences_of
+    from .features import record_kinds
 
     seqs = shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
-    kinds = [str(r.get("kind", "")) for r in recs for _ in sequences_of(r, max_len)]
-    return [{**s, "kind": k} for s, k in zip(seqs, kinds)]
+    return [{**s, "kind": k} for s, k in zip(seqs, record_kinds(recs, max_len))]
 
 
 def target_top1(seqs: list[dict], lm_head_w: torch.Tensor) -> float:

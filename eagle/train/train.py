@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from eagle.model.head import EagleHead, add_layer, head_config_from_base
 
-__all__ = ["load_sequences", "parse_kind_weights", "weighted_order", "make_batches", "collate", "lookup_hits", "COPY_NGRAM", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
+__all__ = ["load_sequences", "parse_kind_weights", "weighted_order", "kind_mix", "make_batches", "collate", "lookup_hits", "COPY_NGRAM", "eagle_loss", "unroll_mask", "unrolled_features", "unrolled_loss", "evaluate",
            "train", "main"]
 
 
@@ -91,10 +91,11 @@ def load_sequences(folder: str | os.PathLike, max_len: int = 512, corpus: str | 
     """
     from safetensors.torch import load_file
 
+    from eagle.train.data import shard_paths
     from eagle.train.features import sequence_kinds
 
     seqs = []
-    for path in sorted(Path(folder).glob("shard_*.safetensors")):
+    for path in shard_paths(folder):
         sh = load_file(str(path))
         off = sh["offsets"].tolist()
         kinds = sequence_kinds(path, corpus) if corpus is not None else None
@@ -152,6 +153,31 @@ def weighted_order(kinds: list[str], weights: dict[str, float], rng: random.Rand
         n += rng.random() < w - n
         order.extend([i] * n)
     return order
+
+
+def kind_mix(seqs: list[dict], weights: dict[str, float]) -> dict[str, dict]:
+    """Each kind's ``sequences``, counted ``positions``, ``weight``, ``share`` of the positions and
+    ``weighted_share`` after :func:`weighted_order` (``seqs`` carry ``"kind"``: :func:`load_sequences` with ``corpus``).
+
+    Raises:
+        ValueError: a kind in ``weights`` that no sequence has, or every sequence weighted 0.
+    """
+    out: dict[str, dict] = {}
+    for s in seqs:
+        st = out.setdefault(s["kind"], {"sequences": 0, "positions": 0})
+        st["sequences"] += 1
+        st["positions"] += int(s["mask"][1:].sum())
+    unknown = sorted(set(weights) - set(out))
+    if unknown:
+        raise ValueError(f"--kind-weights: no training sequence has kind {unknown} (kinds here: {sorted(out)})")
+    total = sum(v["positions"] for v in out.values())
+    total_w = sum(v["positions"] * weights.get(k, 1.0) for k, v in out.items())
+    if total_w <= 0:
+        raise ValueError("--kind-weights: every training sequence has weight 0")
+    for k, v in out.items():
+        w = weights.get(k, 1.0)
+        v.update(weight=w, share=round(v["positions"] / total, 4), weighted_share=round(v["positions"] * w / total_w, 4))
+    return out
 
 
 def make_batches(seqs: list[dict], batch_tokens: int, rng: random.Random, pool: int = 64,
@@ -607,23 +633,8 @@ def train(args) -> dict:
         raise ValueError("no training sequences left: with --val-data-exclusive, --data needs a folder that is "
                          "not in --val-data")
     n_tok = sum(len(s["ids"]) for s in tr)
-    kind_stats = {}
-    if kind_weights:
-        for s_ in tr:
-            st_ = kind_stats.setdefault(s_["kind"], {"sequences": 0, "positions": 0})
-            st_["sequences"] += 1
-            st_["positions"] += int(s_["mask"][1:].sum())
-        unknown = sorted(set(kind_weights) - set(kind_stats))
-        if unknown:
-            raise ValueError(f"--kind-weights: no training sequence has kind {unknown} (kinds here: {sorted(kind_stats)})")
-        tot_w = sum(v["positions"] * kind_weights.get(k, 1.0) for k, v in kind_stats.items())
-        if tot_w <= 0:
-            raise ValueError("--kind-weights: every training sequence has weight 0")
-        for k, v in kind_stats.items():
-            v.update(weight=kind_weights.get(k, 1.0), share=round(v["positions"] / max(1, sum(
-                x["positions"] for x in kind_stats.values())), 4), weighted_share=round(
-                v["positions"] * kind_weights.get(k, 1.0) / tot_w, 4))
-    tr_kinds = [s_.get("kind", "") for s_ in tr]
+    kind_stats = kind_mix(tr, kind_weights) if kind_weights else {}
+    tr_kinds = [s.get("kind", "") for s in tr]
 
     def epoch_order(r: random.Random):  # None = every training sequence once
         return weighted_order(tr_kinds, kind_weights, r) if kind_weights else None
