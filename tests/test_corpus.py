@@ -471,3 +471,76 @@ def test_sequence_kinds_follow_the_corpus_and_kind_weights_resample(tiny, tmp_pa
                 ["--kind-weights", "qa=1", "--corpus", str(tmp_path / "none")]):
         with pytest.raises(SystemExit):
             T.main(common + ["--out", str(tmp_path / "h3")] + bad)
+
+
+def _wb_queries():
+    body = ("The Harbor Authority of Port Elson reported 4,200 tonnes of cargo in March. Director Anna Kowalski said "
+            "the new crane from Baltic Machines arrived on time. ") * 6
+    return [{"index": i, "domain1": "Finance & Business", "domain2": "Report",
+             "query": f"Please help me write report {i} from the material below.\n\n{body}\n\n{body}\n\n{body}"}
+            for i in range(4)] + [{"index": 9, "domain1": "Education", "domain2": "Plan",
+                                   "query": "Write a short lesson plan about volcanoes."}]
+
+
+def test_writingbench_queries_keep_english_only(tmp_path):
+    path = tmp_path / "benchmark_all.jsonl"
+    rows = [{"index": 1, "domain1": "a", "domain2": "b", "query": "Write a memo about the budget."},
+            {"index": 2, "domain1": "a", "domain2": "b", "query": "请根据以下材料撰写一份报告。"},
+            {"index": 3, "domain1": "a", "domain2": "b", "query": ""}]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    got = P.writingbench_queries(path)
+    assert [q["index"] for q in got] == [1] and got[0]["query"] == rows[0]["query"]
+
+
+def test_passage_chunks_respect_word_bounds_and_skip_the_request():
+    q = _wb_queries()[0]["query"]
+    chunks = P.passage_chunks(q, min_words=60, max_words=200)
+    assert chunks and all(60 <= len(c.split()) <= 200 for c in chunks)
+    assert not any("Please help me" in c for c in chunks)          # the request paragraph is not a passage
+    assert P.passage_chunks(q, min_words=60, max_words=200) == chunks
+    assert P.passage_chunks("one paragraph only, far too short") == []
+
+
+def test_writingbench_pool_kinds_uids_and_questions():
+    pool = P.build_writingbench_pool(_wb_queries(), seed=0, rag_share=1.0)
+    assert {r["kind"] for r in pool} == set(P.WRITINGBENCH_KINDS)
+    assert all(r["source"] == "writingbench" and len(r["turns"]) == 1 for r in pool)
+    assert len({r["uid"] for r in pool}) == len(pool)
+    assert pool == P.build_writingbench_pool(_wb_queries(), seed=0, rag_share=1.0)
+    assert pool != P.build_writingbench_pool(_wb_queries(), seed=1, rag_share=1.0)
+    for r in pool:
+        if r["kind"] == "summarization":
+            assert "Summarize" in r["turns"][0]
+        if r["kind"] == "rag":   # the question names something the passage holds
+            passage, question = r["turns"][0].rsplit("\n", 1)
+            assert question.endswith("?")
+            named = [e for e in ("Harbor Authority", "Port Elson", "Anna Kowalski", "Baltic Machines", "4,200 tonnes")
+                     if e in question]
+            assert named and all(e in passage for e in named)
+    writing = [r for r in pool if r["kind"] == "writing"]
+    assert [r["uid"] for r in writing if r["uid"] == "wb-writing-9"] == ["wb-writing-9"]
+
+
+def test_writingbench_run_beside_the_plan_and_missing_package(tmp_path, monkeypatch):
+    """A run on another prompt source may sit beside the main plan (no prompt in common); without the
+    inspect-evals package the build stops with one line naming what to install."""
+    pool, wb = _pool(), P.build_writingbench_pool(_wb_queries(), seed=0)
+    stats = {"kinds": {}}
+    root = tmp_path / "root"
+    base = {"run": "a", "base": "default", "seed": 0, "shard_size": 4, "gen_batch": 16, "max_new": 256, "max_prompt": 1024}
+    (root / "a").mkdir(parents=True)
+    C.check_plan(root / "a", base, pool, stats)
+    (root / "wb").mkdir()
+    C.check_plan(root / "wb", {**base, "run": "wb", "source": "writingbench"}, wb, stats)
+    assert json.loads((root / "wb" / "plan.json").read_text())["args"]["source"] == "writingbench"
+    (root / "c").mkdir()
+    with pytest.raises(SystemExit, match="must use its prompt pool"):   # the same source must share the pool
+        C.check_plan(root / "c", {**base, "run": "c", "source": "writingbench"}, list(reversed(wb)), stats)
+    with pytest.raises(SystemExit, match="other arguments"):            # the main run cannot switch source
+        C.check_plan(root / "a", {**base, "source": "writingbench"}, pool, stats)
+    sb = tmp_path / "question.jsonl"
+    sb.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": SPECBENCH_TURNS}) + "\n")
+    monkeypatch.setattr(P, "writingbench_queries", lambda *a, **k: [])
+    with pytest.raises(SystemExit, match="inspect-evals"):
+        C.main(["build", "--source", "writingbench", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
+    assert not (tmp_path / "r2" / "x").exists() or not (tmp_path / "r2" / "x" / "plan.json").exists()

