@@ -10,10 +10,12 @@
 #    adds corpus-build flags, e.g. "--run smollm2-135m-t1 --temperature-rule sampled --gen-seed 1" for a
 #    further run once the plan is full); the new data/distill/*/shard_*.jsonl.gz (and a new run's plan.json)
 #    are the files to bring back and commit;
-# 1. target features of the whole corpus (data/distill), NF processes sharing the GPU (a 135M
+# 1. target features of the whole corpus (data/distill, every run in it), cut at MAX_LEN tokens (default 1024:
+#    the WritingBench run's prompts reach 1,024 tokens), NF processes sharing the GPU (a 135M
 #    target is launch-bound: ~5k tokens/s per process on an H200, 8 processes ~1.5 min for 3.5M tokens);
 # 2. phase 1 from INIT: unroll 4 (training-time test), CE on every position (w_ce 0.1), acceptance loss
-#    1 - sum min(p, q) (w_tv 0.5), lr 3e-4, 1487 steps of 8192 tokens (~2 epochs);
+#    1 - sum min(p, q) (w_tv 0.5), lr 3e-4, 1487 steps of 8192 tokens (~2 epochs), record kinds weighted by
+#    KIND_WEIGHTS (default: wb1's mix, toward Spec-Bench's summarization / rag / writing; none with SHARDS or KIND_WEIGHTS=);
 # 3. phase 2 from phase 1: lr 2e-4, seed 1, 814 steps (~1.1 epochs);
 # 4. held-out top-1 / top-4 per depth 1..5 of INIT, phase 1 and OUT on the first 96 held-out records.
 # Needs a CUDA GPU (DEV=cpu runs it on the CPU, for days), torch, transformers and the default model's
@@ -24,6 +26,9 @@ OUT=${1:?usage: scripts/gpu_head_round.sh OUT [INIT]}
 INIT=${2:-data/heads/smollm2-135m-eagle}
 PY=${PYTHON:-python}; DEV=${DEV:-cuda}; NF=${NF:-8}; WORK=${WORK:-cache/gpu-round}
 STEPS1=${STEPS1:-1487}; STEPS2=${STEPS2:-814}; HR=${HR:-96}; SHARDS=${SHARDS:-}  # SHARDS e.g. 0,39: a rehearsal
+MAX_LEN=${MAX_LEN:-1024}; KW_DEFAULT=summarization=2,rag=2,writing=2,chat=0.7,chitchat2=0.6
+[ -z "$SHARDS" ] || KW_DEFAULT=  # a rehearsal on a few shards may lack some kinds
+KIND_WEIGHTS=${KIND_WEIGHTS-$KW_DEFAULT}
 POOL=${POOL:-}; NB=${NB:-8}; BUILD_MIN=${BUILD_MIN:-4}; BUILD_SHARDS=${BUILD_SHARDS:-}; BUILD_ARGS=${BUILD_ARGS:-}
 [ -f "$INIT/config.json" ] || { echo "gpu_head_round.sh: INIT $INIT has no config.json" >&2; exit 2; }
 [ "$DEV" = cpu ] || "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
@@ -41,15 +46,15 @@ if [ -n "$POOL" ]; then
 fi
 pids=""
 for i in $(seq 0 $((NF - 1))); do
-  "$PY" -m eagle.train.features --corpus data/distill --out "$WORK/feat" --device "$DEV" --threads 2 \
+  "$PY" -m eagle.train.features --corpus data/distill --out "$WORK/feat" --device "$DEV" --threads 2 --max-len "$MAX_LEN" \
     --batch-tokens 32768 --worker "$i/$NF" ${SHARDS:+--shards "$SHARDS"} > "$WORK/features_$i.log" 2>&1 &
   pids="$pids $!"
 done
 for p in $pids; do wait "$p" || { echo "gpu_head_round.sh: a features worker failed (see $WORK/features_*.log)" >&2; exit 1; }; done
 COMMON=(--base default --data "$WORK/feat/train,$WORK/feat/heldout" --val-data "$WORK/feat/heldout" --val-data-exclusive
-        --draft-vocab data/heads/smollm2-135m-eagle --max-len 768 --batch-tokens 8192 --min-lr-ratio 0.1 --noise 0.1
+        --draft-vocab data/heads/smollm2-135m-eagle --max-len "$MAX_LEN" --batch-tokens 8192 --min-lr-ratio 0.1 --noise 0.1
         --clip 0.5 --val-frac 1.0 --val-max-seqs 96 --eval-depths 5 --eval-minutes 5 --save-minutes 5 --threads 4
-        --device "$DEV" --unroll 4 --w-ce 0.1 --ce-frac 1.0 --w-tv 0.5)
+        --device "$DEV" --unroll 4 --w-ce 0.1 --ce-frac 1.0 --w-tv 0.5 ${KIND_WEIGHTS:+--kind-weights "$KIND_WEIGHTS"})
 "$PY" -m eagle.train.train "${COMMON[@]}" --init "$INIT" --out "$WORK/phase1" --lr 3e-4 --warmup 20 --seed 0 \
   --max-steps "$STEPS1"
 "$PY" -m eagle.train.train "${COMMON[@]}" --init "$WORK/phase1" --out "$OUT" --lr 2e-4 --warmup 10 --seed 1 \

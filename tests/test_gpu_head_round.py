@@ -1,4 +1,4 @@
-"""scripts/gpu_head_round.sh stops before any work, in one line, on a bad INIT or a missing GPU."""
+"""scripts/gpu_head_round.sh: stops before any work, in one line, on a bad INIT or a missing GPU; passes the recipe's flags."""
 from __future__ import annotations
 
 import os
@@ -42,3 +42,35 @@ def test_missing_pool_file_is_named(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"gpu_head_round.sh: POOL {tmp_path / 'pool.json.gz'}: no such file"]
     assert not (tmp_path / "work").exists()
+
+
+def _commands(tmp_path, **env):
+    """Run the round with a stand-in interpreter that only records its arguments; return the recorded calls."""
+    log = tmp_path / "calls.txt"
+    stub = tmp_path / "py"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
+    stub.chmod(0o755)
+    r = _run(str(tmp_path / "out"), DEV="cpu", NF="1", PYTHON=str(stub), WORK=str(tmp_path / "work"), **env)
+    assert r.returncode == 0, r.stderr
+    return log.read_text().splitlines()
+
+
+def test_round_cuts_at_1024_tokens_and_weights_kinds_by_default(tmp_path):
+    calls = _commands(tmp_path)
+    feats = [c for c in calls if c.startswith("-m eagle.train.features")]
+    trains = [c for c in calls if c.startswith("-m eagle.train.train")]
+    assert len(feats) == 1 and "--max-len 1024" in feats[0]
+    assert len(trains) == 2
+    for c in trains:
+        assert "--max-len 1024" in c
+        assert "--kind-weights summarization=2,rag=2,writing=2,chat=0.7,chitchat2=0.6" in c
+
+
+def test_round_stage8_recipe_and_rehearsal_have_no_kind_weights(tmp_path):
+    calls = _commands(tmp_path, MAX_LEN="768", KIND_WEIGHTS="")
+    trains = [c for c in calls if c.startswith("-m eagle.train.train")]
+    assert all("--max-len 768" in c and "--kind-weights" not in c for c in trains)
+    (tmp_path / "calls.txt").unlink()
+    calls = _commands(tmp_path, SHARDS="0,39")
+    trains = [c for c in calls if c.startswith("-m eagle.train.train")]
+    assert all("--kind-weights" not in c for c in trains) and len(trains) == 2
