@@ -485,3 +485,57 @@ def test_layer_flags_are_checked_before_any_work(bad, flag, tmp_path, capsys):
     with pytest.raises(SystemExit):
         T.main(["--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"), *bad])
     assert flag in capsys.readouterr().err
+
+
+def test_bf16_autocast_step_tracks_the_float32_step():
+    """--autocast bf16: the same unrolled loss and nearly the same gradient; weights and gradients stay float32."""
+    head, lm_w, ids, hid, mask = _tiny_head_batch(seed=3, B=2, L=24, H=64, V=50)
+    kw = dict(steps=3, noise=0.0, w_ce=0.1, ce_frac=1.0, w_tv=0.5)
+
+    def grads(bf16: bool):
+        head.zero_grad(set_to_none=True)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = T.unrolled_loss(head, lm_w, ids, hid, mask, **kw)
+        loss.backward()
+        g = torch.cat([p.grad.flatten() for p in head.parameters() if p.grad is not None])
+        assert all(p.grad.dtype == torch.float32 for p in head.parameters() if p.grad is not None)
+        return float(loss.detach()), g
+
+    l32, g32 = grads(False)
+    l16, g16 = grads(True)
+    assert abs(l16 - l32) < 0.02 * abs(l32)
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.99
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+
+
+def test_train_autocast_bf16_reduces_loss(tiny_base, tiny_data, tmp_path):
+    data, _ = tiny_data
+    out = tmp_path / "head"
+    log = T.main(["--base", str(tiny_base), "--data", str(data), "--out", str(out), "--max-steps", "40",
+                  "--lr", "3e-3", "--warmup", "2", "--batch-tokens", "256", "--val-frac", "0.2", "--unroll", "2",
+                  "--log-every", "5", "--eval-at-start", "--noise", "0.05", "--threads", "1", "--autocast", "bf16"])
+    assert log["args"]["autocast"] == "bf16"
+    assert log["history"][-1]["loss"] < 0.8 * log["history"][0]["loss"]
+    assert log["eval"][-1]["loss"] < log["eval"][0]["loss"]
+
+
+def test_autocast_flag_is_checked_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        T.main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), "--autocast", "fp8"])
+    assert "--autocast" in capsys.readouterr().err
+
+
+def test_bench_train_step_compares_modes_on_the_same_batches(tiny_base, tiny_data, tmp_path):
+    from evaluation import bench_train_step
+
+    data, _ = tiny_data
+    head = tmp_path / "head"
+    T.main(["--base", str(tiny_base), "--data", str(data), "--out", str(head), "--max-steps", "2", "--warmup", "1",
+            "--batch-tokens", "256", "--val-frac", "0.2", "--threads", "1"])
+    res = bench_train_step.main(["--data", str(data), "--init", str(head), "--base", str(tiny_base), "--batches", "2",
+                                 "--batch-tokens", "128", "--unroll", "2", "--threads", "1", "--max-len", "64",
+                                 "--out", str(tmp_path / "b.json")])
+    assert [r["mode"] for r in res["rows"]] == ["float32", "bf16"]
+    bf = res["rows"][1]
+    assert bf["speedup"] > 0 and bf["loss_rel_diff_max"] < 0.05 and 0.99 < bf["grad_cosine_min"] <= 1.0 + 1e-9
+    assert json.loads((tmp_path / "b.json").read_text())["rows"] == res["rows"]

@@ -717,6 +717,19 @@ def train(args) -> dict:
 
     from tqdm import tqdm
 
+    bf16 = getattr(args, "autocast", "off") == "bf16"
+
+    def _step_loss(seqs: list[dict], idx: list[int]):
+        """The training loss of one batch and its stats (under ``--autocast bf16`` the caller wraps this in autocast)."""
+        if args.unroll > 1 or copy_weight != 1.0:
+            ids, hid, mask = collate(seqs, idx, device)
+            return unrolled_loss(head, lm_w_loss, ids, hid, mask, steps=args.unroll, decay=args.unroll_decay,
+                                 noise=args.noise, w_reg=args.w_reg, w_ce=args.w_ce, ce_frac=args.ce_frac,
+                                 generator=gen, w_tv=args.w_tv, copy_weight=copy_weight,
+                                 copy=lookup_hits(ids) if copy_weight != 1.0 else None)
+        return eagle_loss(head, lm_w_loss, *collate(seqs, idx, device), noise=args.noise, w_reg=args.w_reg,
+                          w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
+
     t_train = time.time()
     out.mkdir(parents=True, exist_ok=True)
     if args.eval_at_start:
@@ -731,15 +744,8 @@ def train(args) -> dict:
             lr = lr_at(step)
             for g in opt.param_groups:
                 g["lr"] = lr * g["peak_lr"] / args.lr if args.lr else 0.0
-            if args.unroll > 1 or copy_weight != 1.0:
-                ids, hid, mask = collate(tr, idx, device)
-                loss, st = unrolled_loss(head, lm_w_loss, ids, hid, mask, steps=args.unroll, decay=args.unroll_decay,
-                                         noise=args.noise, w_reg=args.w_reg, w_ce=args.w_ce, ce_frac=args.ce_frac,
-                                         generator=gen, w_tv=args.w_tv, copy_weight=copy_weight,
-                                         copy=lookup_hits(ids) if copy_weight != 1.0 else None)
-            else:
-                loss, st = eagle_loss(head, lm_w_loss, *collate(tr, idx, device), noise=args.noise, w_reg=args.w_reg,
-                                      w_ce=args.w_ce, ce_frac=args.ce_frac, generator=gen, w_tv=args.w_tv)
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+                loss, st = _step_loss(tr, idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(params, args.clip)
@@ -838,6 +844,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--autocast", choices=("off", "bf16"), default="off",
+                    help="bf16: the training step's matrix products in bfloat16 (torch.autocast; weights, optimizer "
+                         "state and evaluation stay float32); ~2x faster on CPUs with AVX512-BF16 / AMX")
     from eagle.train.data import add_device_argument, parse_device
 
     add_device_argument(ap)
