@@ -47,12 +47,9 @@ def bench(args) -> dict:
     torch.set_num_threads(args.threads)
     _, emb, lm_w = _load_target_parts(args.base)
     if args.draft_vocab:
-        from safetensors.torch import load_file
+        from eagle.train.draft_vocab import load_draft_vocab
 
-        from eagle.model.head import DRAFT_VOCAB_FILE
-
-        dv = Path(args.draft_vocab)
-        lm_w = lm_w[load_file(str(dv / DRAFT_VOCAB_FILE if dv.is_dir() else dv))["d2t"].long()].contiguous()
+        lm_w = lm_w[load_draft_vocab(args.draft_vocab).long()].contiguous()
     head = EagleHead.from_pretrained(args.init, embedding=emb).float()
     head.tie_embeddings(emb)
     head.train()
@@ -93,8 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--data", required=True, help="a folder of eagle.train.features shards")
     ap.add_argument("--init", required=True, help="head folder (public EAGLE-1 layout)")
     ap.add_argument("--base", default="default")
-    ap.add_argument("--draft-vocab", default="", help="train the distribution terms on these rows (as --draft-vocab "
-                                                      "of eagle.train.train)")
+    ap.add_argument("--draft-vocab", default="", help="a head folder with draft_vocab.safetensors: the distribution terms on its rows "
+                                                      "(as --draft-vocab of eagle.train.train)")
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--unroll", type=int, default=4)
@@ -106,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--data {args.data}: not a folder")
     if not (Path(args.init) / "config.json").is_file():
         ap.error(f"--init {args.init}: no config.json")
+    if args.draft_vocab and not (Path(args.draft_vocab) / "draft_vocab.safetensors").is_file():
+        ap.error(f"--draft-vocab {args.draft_vocab}: no draft_vocab.safetensors there")
     for flag in ("batches", "unroll", "threads", "batch_tokens"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
