@@ -544,3 +544,85 @@ def test_writingbench_run_beside_the_plan_and_missing_package(tmp_path, monkeypa
     with pytest.raises(SystemExit, match="inspect-evals"):
         C.main(["build", "--source", "writingbench", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
     assert not (tmp_path / "r2" / "x").exists() or not (tmp_path / "r2" / "x" / "plan.json").exists()
+
+
+_WIKI_MARKUP = """{{Infobox person|name=Ada Lorne|birth_date=1901}}
+[[File:Ada.jpg|thumb|Ada Lorne in 1930.]]
+'''Ada Lorne''' (; , ) was a [[Scotland|Scottish]] engineer who designed the Kelvin Bridge over the [[River Clyde]] in 1931, a span of 240 metres that the Glasgow Harbour Trust paid for.<ref>Smith, p. 4.</ref>
+
+== Early life ==
+She was born in Paisley and studied at the Royal Technical College, where Professor James Hutton taught her statics; she later said that his lectures on iron were the reason she chose bridges over ships entirely.
+
+{| class="wikitable"
+| 1931 || Kelvin Bridge || 240 metres long and still standing today in the city
+|}
+* a list item that is not a sentence
+
+== See also ==
+Later text about Ada Lorne that sits in a tail section and must never be used as a passage by anyone.
+"""
+
+
+def _gensim_folder(tmp_path):
+    import bz2
+
+    pages = [("Ada Lorne", "0", _WIKI_MARKUP * 1), ("Talk:Ada", "1", _WIKI_MARKUP), ("Ada", "0", "#REDIRECT [[Ada Lorne]]")]
+    xml = "<mediawiki>" + "".join(
+        f"<page><title>{t}</title><ns>{ns}</ns>" + ("<redirect title='x' />" if "REDIRECT" in body else "")
+        + f"<revision><text xml:space=\"preserve\">{body.replace('<', '&lt;').replace('>', '&gt;')}</text></revision></page>"
+        for t, ns, body in pages) + "</mediawiki>"
+    folder = tmp_path / "test_data"
+    folder.mkdir()
+    (folder / P.GENSIM_WIKI).write_bytes(bz2.compress(xml.encode()))
+    news = ["Fire crews in the Blue Mountains fought 40 blazes on Tuesday , the Rural Fire Service said . " * 8,
+            "", "The Reserve Bank of Australia kept its cash rate at 4.5 per cent on Wednesday . " * 8]
+    (folder / P.GENSIM_NEWS).write_text("\n".join(news) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_wiki_plain_text_keeps_prose_only():
+    pytest.importorskip("mwparserfromhell")
+    text = P.wiki_plain_text(_WIKI_MARKUP.replace("<", "&lt;").replace(">", "&gt;"))
+    paras = text.split("\n\n")
+    assert len(paras) == 2 and paras[0].startswith("Ada Lorne was a Scottish engineer who designed the Kelvin Bridge")
+    assert "Smith, p. 4" not in text and "thumb" not in text and "Infobox" not in text and "(;" not in text
+    assert "wikitable" not in text and "list item" not in text and "tail section" not in text   # tables, lists, See also
+    assert "River Clyde" in text and "Early life" not in text                                   # link text kept, heading gone
+
+
+def test_gensim_texts_and_pool(tmp_path):
+    pytest.importorskip("mwparserfromhell")
+    folder = _gensim_folder(tmp_path)
+    wiki, news = P.gensim_texts(folder)
+    assert [t for t, _ in wiki] == []                        # one article, but under 100 words of prose
+    assert len(news) == 2 and news[1].startswith("The Reserve Bank")
+    long_text = "\n\n".join(
+        f"In {1900 + i} the Kelvin Bridge Company of Glasgow hired Ada Lorne, and the Clyde Navigation Trust paid "
+        f"{i * 10 + 5} million pounds for a second span across the River Clyde near Partick , said James Hutton ." * 3
+        for i in range(12))
+    wiki = [("Ada Lorne", long_text), ("Kelvin", long_text)]
+    pool = P.build_gensim_pool(wiki, news, seed=0, n_qa=5)
+    kinds = {k: [r for r in pool if r["kind"] == k] for k in P.GENSIM_KINDS}
+    assert all(kinds.values()) and len(kinds["qa"]) == 5
+    assert all(r["source"] == "gensim" and len(r["turns"]) == 1 for r in pool)
+    assert len({r["uid"] for r in pool}) == len(pool)
+    assert pool == P.build_gensim_pool(wiki, news, seed=0, n_qa=5)
+    assert pool != P.build_gensim_pool(wiki, news, seed=1, n_qa=5)
+    assert {"gs-summarization-news0", "gs-summarization-news1"} <= {r["uid"] for r in kinds["summarization"]}
+    assert all(r["turns"][0].startswith("Summarize") or "Summarize" in r["turns"][0] for r in kinds["summarization"])
+    for r in kinds["rag"]:    # 3-5 chunks of 100 words, then a question about something one of them names
+        *chunks, question = r["turns"][0].split("\n")
+        assert 3 <= len(chunks) <= 5 and all(len(c.split()) == 100 for c in chunks) and question.endswith("?")
+        named = [e for e in ("Kelvin Bridge Company", "Ada Lorne", "Clyde Navigation Trust", "River Clyde", "James Hutton")
+                 if e in question]
+        assert any(n in " ".join(chunks) for n in named) or "million" in question
+    assert P.word_chunks("a b c d e", words=2) == ["a b", "c d"]
+
+
+def test_gensim_source_missing_package(tmp_path, monkeypatch):
+    sb = tmp_path / "question.jsonl"
+    sb.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": SPECBENCH_TURNS}) + "\n")
+    monkeypatch.setattr(P, "gensim_texts", lambda *a, **k: ([], []))
+    with pytest.raises(SystemExit, match="gensim"):
+        C.main(["build", "--source", "gensim", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
+    assert not (tmp_path / "r2" / "x" / "plan.json").exists()

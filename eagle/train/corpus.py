@@ -201,7 +201,7 @@ def dedupe_pool(pool: list[dict], specbench: str | os.PathLike) -> tuple[list[di
 
 
 #: the prompt pools a run can be planned on (``--source``)
-SOURCES = ("plan", "writingbench")
+SOURCES = ("plan", "writingbench", "gensim")
 
 
 def _kind_counts(pool: list[dict]) -> dict[str, int]:
@@ -214,7 +214,8 @@ def _kind_counts(pool: list[dict]) -> dict[str, int]:
 
 def _build_pool(args) -> tuple[list[dict], dict]:
     from .data import dedupe_against_specbench, load_alpaca
-    from .prompt_sources import build_pool, build_writingbench_pool, chitchat_pairs, german_texts, writingbench_queries
+    from .prompt_sources import (build_gensim_pool, build_pool, build_writingbench_pool, chitchat_pairs, german_texts,
+                                 gensim_texts, writingbench_queries)
 
     if getattr(args, "source", "plan") == "writingbench":
         queries = writingbench_queries()
@@ -223,6 +224,15 @@ def _build_pool(args) -> tuple[list[dict], dict]:
                              "pip install --no-deps inspect-evals==0.28.0")
         pool, dd = dedupe_pool(build_writingbench_pool(queries, args.seed), args.specbench)
         return pool, {"pool_dedupe": dd, "kinds": _kind_counts(pool), "writingbench_queries": len(queries)}
+    if getattr(args, "source", "plan") == "gensim":
+        try:
+            wiki, news = gensim_texts()
+        except ModuleNotFoundError as e:
+            raise SystemExit(f"--source gensim needs {e.name} for the Wikipedia markup: pip install mwparserfromhell==0.7.2")
+        if not wiki:
+            raise SystemExit("--source gensim needs the test data of the gensim package: pip install --no-deps gensim==4.4.0")
+        pool, dd = dedupe_pool(build_gensim_pool(wiki, news, args.seed), args.specbench)
+        return pool, {"pool_dedupe": dd, "kinds": _kind_counts(pool), "wiki_articles": len(wiki), "news_articles": len(news)}
     alpaca, dd = dedupe_against_specbench(load_alpaca(args.prompts), args.specbench)
     german = german_texts(args.german_cache)
     chitchat = chitchat_pairs()
@@ -401,7 +411,9 @@ def main(argv: list[str] | None = None) -> dict:
         q.add_argument("--source", choices=SOURCES, default="plan",
                        help="plan: the main prompt pool (Alpaca, chitchat, fortunes-de, math); writingbench: "
                             "summarization / rag / writing prompts on WritingBench's English materials "
-                            "(needs pip install --no-deps inspect-evals==0.28.0; a run of its own, e.g. --run smollm2-135m-wb)")
+                            "(needs pip install --no-deps inspect-evals==0.28.0; a run of its own, e.g. --run smollm2-135m-wb); "
+                            "gensim: summarization / rag / qa prompts on the Wikipedia and news test data of the gensim "
+                            "package (pip install --no-deps gensim==4.4.0 mwparserfromhell==0.7.2; e.g. --run smollm2-135m-gs)")
     x.add_argument("--out", required=True, help="pool file to write (gzip JSON, e.g. cache/pool.json.gz; not for git)")
     b.add_argument("--pool", default="", help="read the prompt pool from this file (written by `corpus pool`) "
                                               "instead of rebuilding it from the sources")

@@ -30,6 +30,20 @@ rag            passage, then a question about a name or figure it mentions      
 writing        the WritingBench query itself (its instruction and material)        WritingBench
 =============  ==================================================================  ==================
 
+A third pool (``corpus build --source gensim``) takes encyclopedia and news text from the test data that
+the PyPI package ``gensim`` ships (:func:`gensim_texts`): a shortened English Wikipedia dump (106 articles;
+Spec-Bench's qa and rag questions are Natural Questions, answered from Wikipedia) and the Lee corpus (300
+short ABC news articles; Spec-Bench's summarization articles are CNN / Daily Mail news):
+
+=============  ==================================================================  ==================
+kind           how the prompt is made                                              source
+=============  ==================================================================  ==================
+summarization  "Summarize: <news article>" or "Summarize: <wiki passage>"          Lee corpus, Wikipedia
+rag            3-5 wiki chunks of ~100 words (cut mid-sentence, as DPR's), then    Wikipedia + ours
+               a question about a name or figure in one of them
+qa             a short question about a name the wiki text mentions (no passage)  Wikipedia + ours
+=============  ==================================================================  ==================
+
 The German text comes from Debian's ``fortunes-de`` package (quotations, proverbs, anecdotes),
 fetched with ``apt-get download`` into the cache folder (:func:`german_texts`). Every record is
 checked against Spec-Bench with :func:`eagle.train.data.dedupe_against_specbench`.
@@ -44,11 +58,14 @@ import subprocess
 from pathlib import Path
 
 __all__ = ["KINDS", "WRITINGBENCH_KINDS", "german_texts", "chitchat_pairs", "math_problems", "build_pool",
-           "writingbench_queries", "passage_chunks", "build_writingbench_pool"]
+           "writingbench_queries", "passage_chunks", "build_writingbench_pool", "GENSIM_KINDS", "gensim_texts",
+           "wiki_plain_text", "word_chunks", "build_gensim_pool"]
 
 KINDS = ("chat", "chat2", "chitchat2", "qa", "translation", "summarization", "rag", "math")
 #: the kinds of :func:`build_writingbench_pool`
 WRITINGBENCH_KINDS = ("summarization", "rag", "writing")
+#: the kinds of :func:`build_gensim_pool`
+GENSIM_KINDS = ("summarization", "rag", "qa")
 
 FOLLOW_UPS = (
     "Now summarise your answer in two sentences.",
@@ -292,6 +309,20 @@ def _interleave(lists: list[list[dict]], rng: random.Random) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ WritingBench
+def _package_folder(name: str) -> Path | None:
+    """Folder of the installed package ``name``, found without importing it (its data files are read
+    directly: ``inspect-evals`` and ``gensim`` are installed with ``--no-deps``); None when not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError:
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def writingbench_queries(path: str | os.PathLike | None = None, min_ascii: float = 0.95) -> list[dict]:
     """The English queries of WritingBench (``{"index", "domain1", "domain2", "query"}``), file order.
 
@@ -305,15 +336,10 @@ def writingbench_queries(path: str | os.PathLike | None = None, min_ascii: float
         ``[]`` when ``path`` is None and the package is not installed.
     """
     if path is None:
-        import importlib.util
-
-        try:
-            spec = importlib.util.find_spec("inspect_evals")
-        except ImportError:
-            spec = None
-        if spec is None or not spec.submodule_search_locations:
+        pkg = _package_folder("inspect_evals")
+        if pkg is None:
             return []
-        path = Path(list(spec.submodule_search_locations)[0]) / "writingbench" / "benchmark_all.jsonl"
+        path = pkg / "writingbench" / "benchmark_all.jsonl"
     out = []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -327,16 +353,16 @@ def writingbench_queries(path: str | os.PathLike | None = None, min_ascii: float
     return out
 
 
-def passage_chunks(text: str, min_words: int = 120, max_words: int = 450) -> list[str]:
+def passage_chunks(text: str, min_words: int = 120, max_words: int = 450, skip_first: bool = True) -> list[str]:
     """Cut a query's material into passages of ``min_words``..``max_words`` words at paragraph breaks.
 
     The first paragraph (the request itself: "Please help me write ...") is skipped when the text has
-    more than one; paragraphs longer than ``max_words`` are cut at sentence ends. A remainder shorter
+    more than one and ``skip_first`` holds; paragraphs longer than ``max_words`` are cut at sentence ends. A remainder shorter
     than ``min_words`` is dropped. Deterministic.
     """
     paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n|\n(?=\s*(?:[-*#]|\d+[.)]))", text)]
     paras = [p for p in paras if p]
-    if len(paras) > 1:
+    if skip_first and len(paras) > 1:
         paras = paras[1:]
     pieces: list[str] = []
     for p in paras:
@@ -416,3 +442,142 @@ def build_writingbench_pool(queries: list[dict], seed: int, max_writing_words: i
                     by_kind["rag"].append({"uid": f"wb-rag-{qid}-{j}", "source": "writingbench", "kind": "rag",
                                            "turns": [f"{p}\n{question}"]})
     return _interleave([by_kind[k] for k in WRITINGBENCH_KINDS], rng)
+
+
+# ------------------------------------------------------------------------------------------ gensim test data
+GENSIM_WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+GENSIM_NEWS = "lee_background.cor"
+#: wiki sections from which on nothing is prose (references, links, lists of works)
+_WIKI_TAIL = re.compile(r"^(see also|references|notes|external links|further reading|bibliography|sources|"
+                        r"footnotes|citations|works cited|selected works|works|discography|filmography)$", re.I)
+
+
+def wiki_plain_text(markup: str) -> str:
+    """Prose paragraphs of one Wikipedia article's wikitext, joined by blank lines.
+
+    References, files, tables and templates are removed (``mwparserfromhell``'s ``strip_code``, after the
+    ``<ref>`` tags); everything from a "See also" / "References" / ... heading on is dropped; a paragraph is
+    kept when it has at least 25 words and ends like a sentence (so headings, captions and list items go).
+
+    Raises:
+        ModuleNotFoundError: ``mwparserfromhell`` is not installed (``pip install mwparserfromhell``).
+    """
+    import html
+
+    import mwparserfromhell
+
+    text = html.unescape(markup)
+    text = re.sub(r"<ref[^>]*/>|<ref[^>]*>.*?</ref>|<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"^\{\|.*?^\|\}", "", text, flags=re.S | re.M)                    # tables
+    plain = mwparserfromhell.parse(text).strip_code(normalize=True, collapse=True)
+    out: list[str] = []
+    for para in re.split(r"\n+", plain):
+        para = " ".join(para.split())
+        para = re.sub(r"\s*\([\s;,]*\)", "", para)                                 # "Achilles (; , )" leftovers
+        para = re.sub(r"\(\s*[;,]\s*", "(", para)
+        if _WIKI_TAIL.match(para.strip(" =")):
+            break
+        if _words(para) >= 25 and para[-1:] in ".!?\"'" and "thumb|" not in para and "|" not in para:
+            out.append(para)
+    return "\n\n".join(out)
+
+
+def gensim_texts(folder: str | os.PathLike | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(wiki, news)``: the articles of gensim's shortened Wikipedia dump as ``(title, plain text)`` (main
+    namespace, no redirects, at least 100 words of prose; :func:`wiki_plain_text`) and the 300 news articles
+    of the Lee corpus, both in file order.
+
+    Args:
+        folder: gensim's ``test/test_data`` folder; default: the one inside the installed PyPI package
+            ``gensim`` (``pip install --no-deps gensim==4.4.0``; found without importing it).
+
+    Returns:
+        ``([], [])`` when ``folder`` is None and the package is not installed.
+
+    Raises:
+        ModuleNotFoundError: ``mwparserfromhell`` is missing (needed for the wiki markup).
+    """
+    import bz2
+
+    if folder is None:
+        pkg = _package_folder("gensim")
+        if pkg is None:
+            return [], []
+        folder = pkg / "test" / "test_data"
+    folder = Path(folder)
+    xml = bz2.decompress((folder / GENSIM_WIKI).read_bytes()).decode("utf-8")
+    wiki = []
+    for page in re.findall(r"<page>(.*?)</page>", xml, flags=re.S):
+        if "<redirect" in page or not re.search(r"<ns>0</ns>", page):
+            continue
+        title = re.search(r"<title>(.*?)</title>", page, flags=re.S)
+        body = re.search(r"<text[^>]*>(.*?)</text>", page, flags=re.S)
+        if not title or not body:
+            continue
+        plain = wiki_plain_text(body.group(1))
+        if _words(plain) >= 100:
+            wiki.append((title.group(1).strip(), plain))
+    news = [" ".join(line.split()) for line in (folder / GENSIM_NEWS).read_text(encoding="utf-8").splitlines()]
+    return wiki, [n for n in news if n]
+
+
+def word_chunks(text: str, words: int = 100) -> list[str]:
+    """Consecutive ``words``-word chunks of ``text`` (paragraph breaks flattened; chunks start and end
+    mid-sentence, as the 100-word Wikipedia passages of DPR that Spec-Bench's rag prompts hold). The last,
+    shorter remainder is dropped."""
+    w = text.split()
+    return [" ".join(w[i:i + words]) for i in range(0, len(w) - words + 1, words)]
+
+
+QA_ASKS = ("What is {e}?", "Who or what is {e}?", "What do you know about {e}?", "Tell me about {e}.",
+           "What is {e} known for?", "Why is {e} important?")
+
+
+def build_gensim_pool(wiki: list[tuple[str, str]], news: list[str], seed: int, rag_share: float = 0.5,
+                      n_qa: int = 600) -> list[dict]:
+    """Prompts built on gensim's Wikipedia and news test data (see the module docstring's third table).
+
+    Args:
+        wiki, news: :func:`gensim_texts`.
+        seed: shuffling / question seed.
+        rag_share: share of the wiki passages (:func:`passage_chunks`, 120-450 words) asked as rag (3-5
+            100-word chunks of the same article around it, the question about one of them); the rest are
+            asked to be summarised.
+        n_qa: at most this many qa prompts (distinct names, 2+ capitalised words, from the wiki text).
+
+    Returns:
+        Records ``{"uid", "source": "gensim", "kind", "turns"}``, kinds interleaved in a shuffled order;
+        uids ``gs-<kind>-<article or news index>-<passage>`` are stable for given data. Not yet deduplicated
+        against Spec-Bench (the caller does that).
+    """
+    rng = random.Random(seed)
+    by_kind: dict[str, list[dict]] = {k: [] for k in GENSIM_KINDS}
+    for i, art in enumerate(news):
+        by_kind["summarization"].append({"uid": f"gs-summarization-news{i}", "source": "gensim",
+                                         "kind": "summarization", "turns": [f"Summarize: {art}"]})
+    names: dict[str, None] = {}
+    for a, (_title, text) in enumerate(wiki):
+        chunks = word_chunks(text)
+        for j, p in enumerate(passage_chunks(text, skip_first=False)):
+            if rng.random() < rag_share and len(chunks) >= 3:
+                k = rng.randint(3, min(5, len(chunks)))
+                start = rng.randint(0, len(chunks) - k)
+                picked = chunks[start:start + k]
+                gold = rng.randrange(k)
+                question = _question(picked[gold], rng)
+                if question:
+                    by_kind["rag"].append({"uid": f"gs-rag-{a}-{j}", "source": "gensim", "kind": "rag",
+                                           "turns": ["\n".join(picked) + "\n" + question]})
+                    continue
+            by_kind["summarization"].append({"uid": f"gs-summarization-{a}-{j}", "source": "gensim",
+                                             "kind": "summarization",
+                                             "turns": [rng.choice(SUMMARIZE_ASKS).format(p=p)]})
+        for m in _ENTITY.finditer(text):
+            if len(m.group(1).split()) >= 2:
+                names.setdefault(m.group(1))
+    pool_names = list(names)
+    rng.shuffle(pool_names)
+    for n, e in enumerate(sorted(pool_names[:n_qa])):
+        by_kind["qa"].append({"uid": f"gs-qa-{n}", "source": "gensim", "kind": "qa",
+                              "turns": [rng.choice(QA_ASKS).format(e=e)]})
+    return _interleave([by_kind[k] for k in GENSIM_KINDS], rng)
