@@ -28,7 +28,9 @@ describe the sampled text. Writes ``cycle_losses.json`` and ``cycle_losses.md`` 
 into copy and other positions): the target re-reads prompt + answer, and each head is unrolled on its
 own features. With temperature-0 answers this is the Spec-Bench counterpart of the held-out table,
 so the two show whether a head's accuracy carries over from its training distribution (the answers
-are only scored, never trained on).
+are only scored, never trained on). A head with a draft vocabulary (``draft_vocab.safetensors``) is also scored
+at depth 1 on the positions whose token is inside / outside it: drafting uses the full vocabulary, but
+training's cross-entropy only saw those K rows.
 """
 from __future__ import annotations
 
@@ -191,7 +193,9 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
         ``{"sequences", "positions", "heads": {head: {top1_by_depth, top4_by_depth, n_by_depth, copy: {...},
         other: {...}, "by_group": {group: {"copy"|"other": {top1, top4, n}}}, "copy_by_distance":
         [{"lo", "hi", "top1", "top4", "n"}], "copy_by_run": [{"lo", "hi", "min_distance", "top1", "top4",
-        "n"}]}}}``: the last three at draft depth 1 (``hi`` None = no bound; runs: :func:`copy_run_lengths`,
+        "n"}], "draft_vocab": {"k", "inside": {top1, top4, n}, "outside": {...}}}}}``: the last four at draft depth 1
+        (``draft_vocab`` only for a head folder with a draft vocabulary: positions whose target top-1, the token
+        a draft is scored against, is / is not among its K tokens, the rows its training cross-entropy saw) (``hi`` None = no bound; runs: :func:`copy_run_lengths`,
         :data:`COPY_RUNS`).
 
     Raises:
@@ -200,6 +204,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
     """
     from eagle.model.head import EagleHead
     from eagle.train.data import _pad_id, load_base
+    from eagle.train.draft_vocab import load_draft_vocab
     from eagle.train.features import build_feature_shard
     from eagle.train.heldout import depth_summary, shard_sequences
     from eagle.train.train import evaluate, lookup_hits
@@ -235,6 +240,14 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
             {"lo": lo, "hi": hi, "min_distance": dmin,
              **depth1(head, [c & (r >= lo) & ((r < hi) if hi else True) & (d >= dmin) for (c, d), r in zip(copy_dist, runs)])}
             for lo, hi, dmin in COPY_RUNS]
+        d2t = load_draft_vocab(h)
+        if d2t is not None:   # positions whose target token the head's training CE could name, and the others
+            inside = torch.zeros(w.shape[0], dtype=torch.bool)
+            inside[d2t] = True
+            # row i is scored against the target's top-1 from its hidden state i (eagle.train.train.evaluate)
+            nxt = [inside[(s["hidden"].to(w) @ w.T).argmax(-1).cpu()] for s in seqs]
+            rec["draft_vocab"] = {"k": int(d2t.numel()), **{part: depth1(head, [n if part == "inside" else ~n for n in nxt])
+                                                         for part in ("inside", "outside")}}
         if groups is not None:
             rec["by_group"] = {g: {part: depth1(head, [(c if part == "copy" else ~c) & torch.tensor(gg == g)
                                                        for (c, _), gg in zip(copy_dist, groups)])
@@ -272,6 +285,15 @@ def _render_heads(sc: dict) -> str:
         for h, r in sc["heads"].items():
             lines.append(f"| {h} | " + " | ".join(f"{d['top1']:.3f} / {d['top4']:.3f} ({d['n']})"
                                                   for d in r["copy_by_run"]) + " |")
+    if "draft_vocab" in first:
+        lines += ["", "Depth 1, positions whose token is inside / outside the head's draft vocabulary (the lm_head rows "
+                      "its training cross-entropy used): top-1 / top-4 (n)", "",
+                  "| head | K | inside | outside |", "|---|---|---|---|"]
+        for h, r in sc["heads"].items():
+            if "draft_vocab" in r:
+                v = r["draft_vocab"]
+                lines.append(f"| {h} | {v['k']} | " + " | ".join(
+                    f"{v[p]['top1']:.3f} / {v[p]['top4']:.3f} ({v[p]['n']})" for p in ("inside", "outside")) + " |")
     if "by_group" in first:
         lines += ["", "Depth 1 per category group: top-1 at copy / other positions (n copy / n other)", "",
                   "| head | " + " | ".join(first["by_group"]) + " |", "|---" * (1 + len(first["by_group"])) + "|"]

@@ -145,6 +145,8 @@ def test_score_heads_on_answers_counts_every_answer_position(tmp_path):
     tok.save_pretrained(base)
     head_dir = tmp_path / "head"
     EagleHead(head_config_from_base(cfg, bias=True), with_embeddings=False).save_pretrained(head_dir)
+    from safetensors.torch import save_file
+    save_file({"d2t": torch.tensor([3, 4, 5])}, str(head_dir / "draft_vocab.safetensors"))
     recs = [{"turns": [{"prompt_ids": [2, 3, 4, 5], "answer_ids": [3, 4, 5, 6, 3, 4, 5]}]},
             {"turns": [{"prompt_ids": [7, 8], "answer_ids": [9, 2, 9, 2, 9]}]}]
     sc = C.score_heads_on_answers([str(head_dir)], recs, base=str(base), depths=2, groups=["qa", "rag"])
@@ -156,6 +158,11 @@ def test_score_heads_on_answers_counts_every_answer_position(tmp_path):
     runs = r["copy_by_run"]   # the first three buckets split every copy position by run length
     assert sum(d["n"] for d in runs[:3]) == r["copy"]["n_by_depth"][0] and runs[3]["n"] <= runs[2]["n"]
     assert "continued the same copy" in C._render_heads(sc)
+    dv = r["draft_vocab"]   # every position is inside or outside; the split follows the target's own top-1
+    assert dv["k"] == 3 and dv["inside"]["n"] + dv["outside"]["n"] == 12 and "draft vocabulary" in C._render_heads(sc)
+    save_file({"d2t": torch.arange(len(vocab))}, str(head_dir / "draft_vocab.safetensors"))    # every token inside
+    dv = C.score_heads_on_answers([str(head_dir)], recs, base=str(base), depths=2)["heads"][str(head_dir)]["draft_vocab"]
+    assert (dv["inside"]["n"], dv["outside"]["n"]) == (12, 0) and dv["inside"]["top1"] == r["top1_by_depth"][0]
     assert sc["sequences"] == 2 and sc["positions"] == 12 == r["n_by_depth"][0]
     assert r["copy"]["n_by_depth"][0] + r["other"]["n_by_depth"][0] == 12 and r["copy"]["n_by_depth"][0] > 0
     assert all(0.0 <= x <= 1.0 for x in r["top1_by_depth"] + r["top4_by_depth"])
