@@ -227,6 +227,13 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
         return {"top1": round(ev["acc_by_depth"][0], 4), "top4": round(ev["top4_by_depth"][0], 4),
                 "n": ev["n_by_depth"][0]}
 
+    top1_cache: list = []
+
+    def target_top1() -> list:  # row i is scored against the target's top-1 from hidden state i (train.evaluate)
+        if not top1_cache:       # the same for every head: computed once
+            top1_cache.extend((s["hidden"].to(w) @ w.T).argmax(-1).cpu() for s in seqs)
+        return top1_cache
+
     out = {}
     for h in heads:
         head = EagleHead.from_pretrained(h, embedding=emb).float().to(w.device)
@@ -244,8 +251,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
         if d2t is not None:   # positions whose target token the head's training CE could name, and the others
             inside = torch.zeros(w.shape[0], dtype=torch.bool)
             inside[d2t] = True
-            # row i is scored against the target's top-1 from its hidden state i (eagle.train.train.evaluate)
-            nxt = [inside[(s["hidden"].to(w) @ w.T).argmax(-1).cpu()] for s in seqs]
+            nxt = [inside[t] for t in target_top1()]
             rec["draft_vocab"] = {"k": int(d2t.numel()), **{part: depth1(head, [n if part == "inside" else ~n for n in nxt])
                                                          for part in ("inside", "outside")}}
         if groups is not None:
