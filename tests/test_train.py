@@ -129,6 +129,49 @@ def test_data_shards_shapes_masks_and_hidden(tiny_base, tiny_data):
         torch.testing.assert_close(sh["hidden"][a:b].float(), ref, atol=2e-2, rtol=1e-2)
 
 
+def test_load_sequences_reads_feature_rows_from_disk_as_the_shard_holds_them(tiny_data, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from eagle.train.data import FeatureRows, feature_rows, shard_paths
+
+    out, _ = tiny_data
+    seqs = T.load_sequences(out, max_len=200)
+    assert seqs and all(isinstance(s["hidden"], FeatureRows) for s in seqs)
+    i = 0
+    for path in shard_paths(out):                      # same sequences, same rows as the in-memory shard
+        sh = load_file(str(path))
+        off = sh["offsets"].tolist()
+        for a, b in zip(off[:-1], off[1:]):
+            b = min(b, a + 200)
+            if b - a < 3 or not sh["loss_mask"][a + 1:b].bool().any():
+                continue
+            s = seqs[i]
+            i += 1
+            assert s["hidden"].shape == (b - a, 32) and len(s["hidden"]) == b - a
+            assert torch.equal(s["hidden"].load(), sh["hidden"][a:b])
+            assert torch.equal(s["hidden"].float(), sh["hidden"][a:b].float())
+            assert torch.equal(s["hidden"][1:3], sh["hidden"][a + 1:a + 3])
+            assert torch.equal(s["ids"], sh["input_ids"][a:b].long())
+    assert i == len(seqs)
+    ids, hid, mask = T.collate(seqs, [0, 1])
+    assert hid.dtype == torch.float32 and torch.equal(hid[1, :len(seqs[1]["ids"])], seqs[1]["hidden"].float())
+    r = feature_rows(shard_paths(out)[0]).rows(2, 5)
+    assert len(r) == 3 and len(r.rows(1, 99)) == 2 and len(r.rows(5, 1)) == 0
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ValueError, match="no readable 2-D"):
+        feature_rows(bad)
+    save_file({"hidden": torch.zeros(4, 3, dtype=torch.int32)}, str(bad))
+    with pytest.raises(ValueError, match="F16/BF16/F32"):
+        feature_rows(bad)
+    cut = tmp_path / "cut.safetensors"                  # a shard cut short after the run started
+    save_file({"hidden": torch.ones(4, 3, dtype=torch.float16)}, str(cut))
+    rows = feature_rows(cut)
+    cut.write_bytes(cut.read_bytes()[:-8])
+    with pytest.raises(OSError, match="cut short"):
+        rows.load()
+
+
 def test_data_resumable_and_deterministic(tiny_base, tiny_inputs, tiny_data, tmp_path):
     from safetensors.torch import load_file
 

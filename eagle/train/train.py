@@ -82,30 +82,35 @@ def load_sequences(folder: str | os.PathLike, max_len: int = 512, corpus: str | 
             each sequence also carries its record's ``"kind"`` (:func:`eagle.train.features.sequence_kinds`).
 
     Returns:
-        ``[{"ids": int64 [n], "mask": bool [n], "hidden": float16 [n, H]}]`` (views into the shard
-        tensors, truncated to ``max_len`` tokens; plus ``"kind"`` with ``corpus``), sequences with fewer
-        than 3 tokens or no response token left out, in shard order.
+        ``[{"ids": int64 [n], "mask": bool [n], "hidden": float16 [n, H]}]`` (truncated to ``max_len``
+        tokens; plus ``"kind"`` with ``corpus``), sequences with fewer than 3 tokens or no response token
+        left out, in shard order. ``"hidden"`` is a :class:`eagle.train.data.FeatureRows`: the rows are
+        read from the shard file when a batch is collated, so memory holds the token ids and masks
+        (~9 bytes per token) and not the features (~1.1 KB per token).
 
     Raises:
         ValueError: with ``corpus``, a shard whose kinds cannot be recovered (see ``sequence_kinds``).
     """
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    from eagle.train.data import shard_paths
+    from eagle.train.data import feature_rows, shard_paths
     from eagle.train.features import sequence_kinds
 
     seqs = []
     for path in shard_paths(folder):
-        sh = load_file(str(path))
-        off = sh["offsets"].tolist()
+        with safe_open(str(path), "pt") as f:
+            ids, mask, off = (f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets"))
+        hidden = feature_rows(path)
+        off = off.tolist()
+        if len(hidden) != off[-1]:
+            raise ValueError(f"{path}: {len(hidden)} feature rows for {off[-1]} tokens")
         kinds = sequence_kinds(path, corpus) if corpus is not None else None
-        ids = sh["input_ids"].long()
-        mask = sh["loss_mask"].bool()
+        ids, mask = ids.long(), mask.bool()
         for j, (a, b) in enumerate(zip(off[:-1], off[1:])):
             b = min(b, a + max_len)
             if b - a < 3 or not mask[a + 1:b].any():
                 continue
-            seqs.append({"ids": ids[a:b], "mask": mask[a:b], "hidden": sh["hidden"][a:b],
+            seqs.append({"ids": ids[a:b], "mask": mask[a:b], "hidden": hidden.rows(a, b),
                          **({"kind": kinds[j]} if kinds is not None else {})})
     return seqs
 
