@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 import string
 
 import pytest
@@ -582,3 +584,29 @@ def test_bench_train_step_compares_modes_on_the_same_batches(tiny_base, tiny_dat
     bf = res["rows"][1]
     assert bf["speedup"] > 0 and bf["loss_rel_diff_max"] < 0.05 and 0.99 < bf["grad_cosine_min"] <= 1.0 + 1e-9
     assert json.loads((tmp_path / "b.json").read_text())["rows"] == res["rows"]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_release_free_heap_returns_fragmented_free_pages_to_the_system():
+    """Freed mid-sized blocks below a live one stay resident under glibc until malloc_trim hands them back."""
+    if not T.release_free_heap():
+        pytest.skip("no glibc malloc_trim here")
+    blocks = [bytearray(b"\1" * (64 * 1024)) for _ in range(4000)]  # 256 MB of 64 KB heap blocks, pages touched
+    keep = blocks[-1]
+    del blocks  # all but the highest block are free; the live one pins the heap's top
+    before = _rss_bytes()
+    assert T.release_free_heap()
+    after = _rss_bytes()
+    assert len(keep) == 64 * 1024
+    assert before - after > 100 * 2 ** 20, (before, after)
+
+
+def test_malloc_trim_flag_is_checked_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        T.main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), "--malloc-trim-steps", "-1"])
+    assert "--malloc-trim-steps" in capsys.readouterr().err
