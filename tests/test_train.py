@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 import string
+from pathlib import Path
 
 import pytest
 import torch

@@ -52,6 +52,7 @@ the CPU).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -86,27 +87,26 @@ def release_free_heap() -> bool:
         True when glibc's ``malloc_trim`` was called; False where there is none (another C library or
         OS), in which case nothing happens.
     """
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        _MALLOC_TRIM = False
-        try:
-            import ctypes
-            import ctypes.util
-
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            fn = getattr(libc, "malloc_trim", None)
-            if fn is not None:
-                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-                _MALLOC_TRIM = fn
-        except OSError:
-            pass
-    if _MALLOC_TRIM is False:
+    trim = _glibc_malloc_trim()
+    if trim is None:
         return False
-    _MALLOC_TRIM(0)
+    trim(0)
     return True
 
 
-_MALLOC_TRIM = None
+@functools.lru_cache(maxsize=None)
+def _glibc_malloc_trim():
+    """glibc's ``malloc_trim`` as a ctypes function, or None where the C library has none (looked up once)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+    except OSError:
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
 
 
 def load_sequences(folder: str | os.PathLike, max_len: int = 512, corpus: str | os.PathLike | None = None) -> list[dict]:
