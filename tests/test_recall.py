@@ -212,6 +212,15 @@ def test_heldout_cli_by_kind_splits_positions_by_record_kind(tiny, tmp_path):
     res = Ho.main(["--heads", h, "--corpus", str(tmp_path / "corpus"), "--base", str(folder), "--depths", "2",
                    "--threads", "1", "--by-kind"])["heads"][h]
     assert set(res["by_kind"]) == {"chat", "math", "translation"}
+    torch.manual_seed(1)
+    EagleHead(head_config_from_base(model.config), with_embeddings=False).save_pretrained(tmp_path / "head2")
+    two = Ho.main(["--heads", f"{h},{tmp_path / 'head2'}", "--corpus", str(tmp_path / "corpus"), "--base", str(folder),
+                   "--depths", "2", "--threads", "1"])
+    p = two["paired"]["heads"][str(tmp_path / "head2")]
+    assert two["paired"]["reference"] == h and len(p["top1_se_by_depth"]) == 2
+    for d in range(2):
+        diff = two["heads"][str(tmp_path / "head2")]["top1_by_depth"][d] - two["heads"][h]["top1_by_depth"][d]
+        assert p["top1_diff_by_depth"][d] == pytest.approx(diff, abs=2e-4)
     for d in range(2):
         n = [v["n_by_depth"][d] for v in res["by_kind"].values()]
         assert sum(n) == res["n_by_depth"][d]

@@ -497,6 +497,64 @@ def test_evaluate_splits_copy_and_other_positions():
         T.evaluate(head, W, seqs, 4096, depths=1, split_copy=True)
 
 
+def test_evaluate_per_sequence_counts_add_up_to_the_pooled_rates():
+    """per_sequence: each sequence's hit counts, scored in a batch with others, equal that sequence scored
+    alone, and their sums give the pooled per-depth rates."""
+    head, W, ids, hid, mask = _tiny_head_batch(seed=3, B=4, L=20)
+    mask[1, 12:] = False                                   # unequal lengths of counted rows
+    seqs = [{"ids": ids[b], "mask": mask[b], "hidden": hid[b]} for b in range(4)]
+    ev = T.evaluate(head, W, seqs, 4096, depths=3, per_sequence=True)
+    ps = ev["per_sequence"]
+    assert ps["top1_hits"].shape == ps["top4_hits"].shape == ps["n"].shape == (3, 4)
+    for j in range(3):
+        assert int(ps["n"][j].sum()) == ev["n_by_depth"][j]
+        assert abs(int(ps["top1_hits"][j].sum()) / ev["n_by_depth"][j] - ev["acc_by_depth"][j]) < 1e-6
+        assert abs(int(ps["top4_hits"][j].sum()) / ev["n_by_depth"][j] - ev["top4_by_depth"][j]) < 1e-6
+    assert bool((ps["top1_hits"] <= ps["top4_hits"]).all()) and bool((ps["top4_hits"] <= ps["n"]).all())
+    for b in range(4):
+        alone = T.evaluate(head, W, [seqs[b]], 4096, depths=3, per_sequence=True)["per_sequence"]
+        for k in ("top1_hits", "top4_hits", "n"):
+            assert torch.equal(alone[k][:, 0], ps[k][:, b]), (b, k)
+    assert "per_sequence" not in T.evaluate(head, W, seqs, 4096, depths=3)
+    with pytest.raises(ValueError, match="depths"):
+        T.evaluate(head, W, seqs, 4096, depths=1, per_sequence=True)
+    with pytest.raises(ValueError, match="ce_frac"):
+        T.unrolled_loss(head, W, ids, hid, mask, steps=2, ce_frac=0.5, row_hits=True)
+
+
+def test_paired_bootstrap_difference_and_standard_error():
+    """The paired difference is the difference of pooled rates; identical heads give 0 ± 0; the SE of a
+    difference spread over many records matches the analytic SE of a ratio estimator; resampling whole
+    records (not sequences) widens it when a record's sequences move together; mismatched positions raise."""
+    from eagle.train.heldout import paired_bootstrap
+
+    g = torch.Generator().manual_seed(0)
+    S = 400
+    n = torch.randint(20, 60, (2, S), generator=g)
+    a1 = torch.binomial(n.double(), torch.full((2, S), 0.6, dtype=torch.float64), generator=g).long()
+    b1 = torch.binomial(n.double(), torch.full((2, S), 0.5, dtype=torch.float64), generator=g).long()
+    a = {"top1_hits": a1, "top4_hits": a1, "n": n}
+    b = {"top1_hits": b1, "top4_hits": b1, "n": n}
+    r = paired_bootstrap(a, b, list(range(S)), resamples=2000)
+    want = (a1 - b1).sum(1).double() / n.sum(1)
+    assert r["top1_diff_by_depth"] == pytest.approx(want.tolist(), abs=1e-5)
+    d = (a1 - b1).double() - want[:, None] * n                  # linearised ratio: SE = sqrt(sum d^2) / sum n
+    se = d.pow(2).sum(1).sqrt() / n.sum(1)
+    assert r["top1_se_by_depth"] == pytest.approx(se.tolist(), rel=0.1)
+    same = paired_bootstrap(a, a, list(range(S)))
+    assert same["top1_diff_by_depth"] == [0.0, 0.0] and same["top4_se_by_depth"] == [0.0, 0.0]
+    # 100 records of 4 identical sequences each: the record is the unit, the SE is twice the per-sequence one
+    rep = {k: v[:, :100].repeat_interleave(4, 1) for k, v in a.items()}
+    rep_b = {k: v[:, :100].repeat_interleave(4, 1) for k, v in b.items()}
+    by_rec = paired_bootstrap(rep, rep_b, torch.arange(400) // 4)["top1_se_by_depth"]
+    by_seq = paired_bootstrap(rep, rep_b, torch.arange(400))["top1_se_by_depth"]
+    assert all(1.6 < x / y < 2.4 for x, y in zip(by_rec, by_seq))
+    with pytest.raises(ValueError, match="same positions"):
+        paired_bootstrap(a, {**b, "n": n + 1}, list(range(S)))
+    with pytest.raises(ValueError, match="group"):
+        paired_bootstrap(a, b, list(range(S - 1)))
+
+
 def test_train_layers_appends_an_identity_layer_to_init_and_trains_it(tiny_base, tiny_data, tmp_path):
     """--init H1 --layers 2: step 0 is H1's function (same held-out loss), the saved head has two
     layers, and the appended layer moved off zero; --layers below the init's count is refused."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["heldout_sequences", "shard_sequences", "depth_summary", "evaluate_heads", "main"]
+__all__ = ["heldout_sequences", "shard_sequences", "depth_summary", "evaluate_heads", "paired_bootstrap", "main"]
 
 
 def shard_sequences(t: dict) -> list[dict]:
@@ -50,8 +50,9 @@ def depth_summary(r: dict) -> dict:
 
 def heldout_sequences(model, corpus, max_records: int, max_len: int | None = None, pad_id: int = 0,
                       temperature: float | None = None, view: str = "answers", tok=None) -> list[dict]:
-    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden, and the
-    record's ``kind``: ``recall-<kind>`` in the recall view).
+    """The first ``max_records`` held-out corpus records as training sequences (ids, mask, hidden, the
+    record's ``kind``: ``recall-<kind>`` in the recall view, and ``record``: the record's index among
+    the records kept, the unit of :func:`paired_bootstrap`).
 
     ``temperature`` keeps only records generated at that temperature (0.0 greedy, 1.0 sampled).
     ``view="recall"`` scores their recall sequences instead (:mod:`eagle.train.recall`; needs ``tok``;
@@ -78,10 +79,59 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
         from .recall import recall_records
 
         recs = recall_records(recs, tok, 0, max_len)
-    from .features import record_kinds
+    from .features import record_kinds, sequences_of
 
     seqs = shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
-    return [{**s, "kind": k} for s, k in zip(seqs, record_kinds(recs, max_len))]
+    rec_of = [i for i, r in enumerate(recs) for _ in sequences_of(r, max_len)]
+    return [{**s, "kind": k, "record": i} for s, k, i in zip(seqs, record_kinds(recs, max_len), rec_of)]
+
+
+def paired_bootstrap(a: dict, b: dict, groups: list[int] | torch.Tensor, resamples: int = 1000, seed: int = 0) -> dict:
+    """Paired difference ``a - b`` of two heads' per-depth top-1 / top-4 rates on the same sequences, with
+    its bootstrap standard error over groups of sequences (held-out records).
+
+    Args:
+        a, b: the ``"per_sequence"`` dicts of :func:`eagle.train.train.evaluate` (int64 ``top1_hits``,
+            ``top4_hits``, ``n``, each ``[D, S]``) for the same ``S`` sequences in the same order.
+        groups: ``[S]`` group (record) index of each sequence; a bootstrap resample draws groups with
+            replacement, and the same resample serves both heads and every depth (paired).
+        resamples, seed: number of resamples; seed of the CPU generator that draws them.
+
+    Returns:
+        ``{"top1_diff_by_depth", "top1_se_by_depth", "top4_diff_by_depth", "top4_se_by_depth"}``, lists of
+        ``D`` floats: the difference of the pooled rates (``sum hits / sum n`` over all sequences) and the
+        standard deviation of that difference over the resamples.
+
+    Raises:
+        ValueError: shapes differ, the counts ``n`` differ (not the same positions), or ``resamples < 2``.
+    """
+    g = torch.as_tensor(groups, dtype=torch.long)
+    n = a["n"]
+    if a["top1_hits"].shape != b["top1_hits"].shape or n.shape != b["n"].shape or not torch.equal(n, b["n"]):
+        raise ValueError("paired_bootstrap: the two heads were not scored on the same positions")
+    if g.numel() != n.shape[1]:
+        raise ValueError(f"paired_bootstrap: {g.numel()} group indices for {n.shape[1]} sequences")
+    if resamples < 2:
+        raise ValueError(f"resamples must be >= 2, got {resamples}")
+    _, g = torch.unique(g, return_inverse=True)
+    m = int(g.max()) + 1
+
+    def per_group(x: torch.Tensor) -> torch.Tensor:                      # [D, S] -> [D, M] float64
+        return torch.zeros(x.shape[0], m, dtype=torch.float64).index_add_(1, g, x.double())
+
+    ng = per_group(n)
+    gen = torch.Generator().manual_seed(seed)
+    draw = torch.randint(0, m, (resamples, m), generator=gen)
+    w = torch.zeros(resamples, m, dtype=torch.float64).scatter_add_(1, draw, torch.ones(resamples, m, dtype=torch.float64))
+    nw = (w @ ng.T).clamp_min(1.0)                                          # [R, D] positions per resample
+    out = {}
+    for key, name in (("top1_hits", "top1"), ("top4_hits", "top4")):
+        da = per_group(a[key]) - per_group(b[key])                          # [D, M] hit difference per record
+        diff = da.sum(1) / ng.sum(1).clamp_min(1.0)
+        boot = (w @ da.T) / nw                                              # [R, D]
+        out[f"{name}_diff_by_depth"] = [round(float(x), 5) for x in diff]
+        out[f"{name}_se_by_depth"] = [round(float(x), 5) for x in boot.std(0)]
+    return out
 
 
 def target_top1(seqs: list[dict], lm_head_w: torch.Tensor) -> float:
@@ -102,7 +152,8 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
     """``{head path: evaluate(...) dict with acc_by_depth / top4_by_depth / n_by_depth}``, each also split
     into ``"copy"`` / ``"other"`` positions (:func:`eagle.train.train.lookup_hits`; ``depths >= 2``), and with
     ``by_kind`` into ``"by_kind": {kind: evaluate(...) dict}`` over the sequences of each record kind (each
-    kind is evaluated on its own, so this doubles the time)."""
+    kind is evaluated on its own, so this doubles the time). With ``depths >= 2`` each result also holds
+    ``"per_sequence"`` counts (:func:`paired_bootstrap`)."""
     from eagle.model.head import EagleHead
 
     from .train import evaluate
@@ -112,7 +163,7 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
     out = {}
     for h in heads:
         head = EagleHead.from_pretrained(h, embedding=emb).float().to(w.device)
-        out[h] = evaluate(head, w, seqs, batch_tokens, depths=depths, split_copy=depths > 1)
+        out[h] = evaluate(head, w, seqs, batch_tokens, depths=depths, split_copy=depths > 1, per_sequence=depths > 1)
         if by_kind:
             kinds = sorted({s.get("kind", "") for s in seqs})
             out[h]["by_kind"] = {k: evaluate(head, w, [s for s in seqs if s.get("kind", "") == k], batch_tokens,
@@ -202,6 +253,21 @@ def main(argv: list[str] | None = None) -> dict:
         for h, r in summary["heads"].items():
             print(f"| {h} | " + " | ".join(f"{r['by_kind'][k]['top1_by_depth'][0]:.3f} / "
                                            f"{r['by_kind'][k]['top1_by_depth'][-1]:.3f}" for k in kinds) + " |")
+    if len(heads) > 1 and args.depths > 1:
+        groups = [s.get("record", i) for i, s in enumerate(seqs)]
+        ref = heads[0]
+        summary["paired"] = {"reference": ref, "resamples": 1000, "seed": 0,
+                             "unit": "held-out record (all its sequences together; the same resample for every head and depth)",
+                             "heads": {h: paired_bootstrap(res[h]["per_sequence"], res[ref]["per_sequence"], groups)
+                                       for h in heads[1:]}}
+        print(f"\npaired against {ref} (difference ± bootstrap SE over {len(set(groups))} records)")
+        print("| head | " + " | ".join(f"top-1 d{d}" for d in range(1, args.depths + 1)) + " | "
+              + " | ".join(f"top-4 d{d}" for d in range(1, args.depths + 1)) + " |")
+        print("|---" * (1 + 2 * args.depths) + "|")
+        for h, r in summary["paired"]["heads"].items():
+            print(f"| {h} | " + " | ".join(f"{x:+.4f} ± {e:.4f}" for x, e in zip(r["top1_diff_by_depth"], r["top1_se_by_depth"]))
+                  + " | " + " | ".join(f"{x:+.4f} ± {e:.4f}" for x, e in zip(r["top4_diff_by_depth"], r["top4_se_by_depth"]))
+                  + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return summary

@@ -455,8 +455,8 @@ def unrolled_features(head: EagleHead, tokens: torch.Tensor, features: torch.Ten
 def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, hid: torch.Tensor, mask: torch.Tensor,
                   steps: int, decay: float = 0.8, noise: float = 0.0, w_reg: float = 1.0, w_ce: float = 0.1,
                   ce_frac: float = 1.0, generator: torch.Generator | None = None, w_tv: float = 0.0,
-                  top_k: int = 4, copy: torch.Tensor | None = None, copy_weight: float = 1.0
-                  ) -> tuple[torch.Tensor, dict]:
+                  top_k: int = 4, copy: torch.Tensor | None = None, copy_weight: float = 1.0,
+                  row_hits: bool = False) -> tuple[torch.Tensor, dict]:
     """Multi-step (training-time test) loss: draft depths ``1..steps`` on the head's OWN features.
 
     Step 1 is EAGLE-1's teacher-forced pass (input ``(x_{t+1}, f_t + noise)``). Step ``j >= 2`` at
@@ -477,19 +477,25 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
             ``n_by_depth_copy`` (the rows whose drafted token continues an n-gram of the context).
         copy_weight: loss weight of copy rows relative to the others (1.0: every row alike; needs ``copy``).
             Each term is then a weighted mean over the rows of its depth.
+        row_hits: also return, per depth, the counts of each batch row (needs ``ce_frac >= 1``): stats
+            ``hit1_by_row``, ``hitk_by_row`` and ``n_by_row``, lists (one per depth) of int64 ``[B]`` tensors
+            (for standard errors over sequences, :func:`evaluate`'s ``per_sequence``).
 
     Returns:
         (scalar loss, stats with ``reg``, ``ce``, ``tv``, ``acc``, ``n`` of depth 1 and lists
         ``acc_by_depth``, ``topk_by_depth``, ``n_by_depth``).
 
     Raises:
-        ValueError: ``steps < 1``, ``copy_weight <= 0``, or ``copy_weight != 1`` without ``copy``.
+        ValueError: ``steps < 1``, ``copy_weight <= 0``, ``copy_weight != 1`` without ``copy``, or
+            ``row_hits`` with ``ce_frac < 1``.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not (math.isfinite(copy_weight) and copy_weight > 0) or (copy_weight != 1.0 and copy is None):
         raise ValueError(f"copy_weight must be > 0 and needs copy positions, got {copy_weight} (copy given: "
                          f"{copy is not None})")
+    if row_hits and ce_frac < 1.0:
+        raise ValueError(f"row_hits needs ce_frac >= 1 (hits on every row), got {ce_frac}")
     split = copy is not None and ce_frac >= 1.0
     feat = hid[:, :-1]
     if noise > 0:
@@ -500,17 +506,26 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
     stats = {"acc_by_depth": [], "topk_by_depth": [], "n_by_depth": []}
     if split:
         stats.update(acc_by_depth_copy=[], topk_by_depth_copy=[], n_by_depth_copy=[])
+    if row_hits:
+        stats.update(hit1_by_row=[], hitk_by_row=[], n_by_row=[])
     for j, out in enumerate(outs, start=1):
         sel = mask[:, 1:].clone()
         sel[:, :j - 1] = False
         p, tgt = out[sel], tgt_all[sel]
         m = int(p.shape[0])
+        if row_hits:
+            row = sel.nonzero()[:, 0]                                             # [m] batch row of each selected row
+            stats["n_by_row"].append(sel.sum(1).long().cpu())
         c = copy[:, 1:][sel] if copy is not None else None                      # [m] copy rows
         w = None if copy_weight == 1.0 else 1.0 + (copy_weight - 1.0) * c.float()
         if m:
             reg = _weighted_mean(F.smooth_l1_loss(p, tgt, reduction="none").mean(-1), w)
             ce, rej, hit1, hitk = _distribution_terms(p, tgt, lm_head_w, ce_frac, generator, top_k, row_weight=w)
             acc, topk = hit1.float().mean(), hitk.float().mean()
+            if row_hits:
+                B = sel.shape[0]
+                stats["hit1_by_row"].append(torch.bincount(row, weights=hit1.double(), minlength=B).long().cpu())
+                stats["hitk_by_row"].append(torch.bincount(row, weights=hitk.double(), minlength=B).long().cpu())
             total = total + decay ** (j - 1) * (w_reg * reg + w_ce * ce + w_tv * rej)
             if j == 1:
                 stats.update(reg=float(reg.detach()), ce=float(ce.detach()), tv=float(rej.detach()), acc=float(acc))
@@ -522,6 +537,9 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
                 stats["topk_by_depth_copy"].append(float(hitk[c].float().mean()) if mc else 0.0)
                 stats["n_by_depth_copy"].append(mc)
         else:
+            if row_hits:
+                stats["hit1_by_row"].append(torch.zeros(sel.shape[0], dtype=torch.long))
+                stats["hitk_by_row"].append(torch.zeros(sel.shape[0], dtype=torch.long))
             if j == 1:
                 stats.update(reg=0.0, ce=0.0, tv=0.0, acc=0.0)
             stats["acc_by_depth"].append(0.0)
@@ -538,7 +556,7 @@ def unrolled_loss(head: EagleHead, lm_head_w: torch.Tensor, ids: torch.Tensor, h
 @torch.no_grad()
 def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_tokens: int,
              w_reg: float = 1.0, w_ce: float = 0.1, depths: int = 1, w_tv: float = 0.0,
-             split_copy: bool = False) -> dict:
+             split_copy: bool = False, per_sequence: bool = False) -> dict:
     """Held-out loss / top-1 over all counted positions of ``seqs`` (no noise), position-weighted, on
     ``lm_head_w``'s device (``head`` must be there too).
 
@@ -548,10 +566,15 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
     that depth of the accepted path (the greedy per-level acceptance along the target's own text).
     ``split_copy`` (needs ``depths > 1``) adds ``"copy"`` and ``"other"``: the same three lists over the
     copy positions (:func:`lookup_hits`: the drafted token continues an n-gram of the context) and
-    over the rest.
+    over the rest. ``per_sequence`` (needs ``depths > 1``) adds ``"per_sequence"``: int64 tensors
+    ``top1_hits``, ``top4_hits`` and ``n``, each ``[depths, len(seqs)]``, the counts behind the rates per
+    sequence of ``seqs`` (in their order), for paired standard errors (:func:`eagle.train.heldout.paired_bootstrap`).
     """
     if split_copy and depths < 2:
         raise ValueError("split_copy needs depths >= 2")
+    if per_sequence and depths < 2:
+        raise ValueError("per_sequence needs depths >= 2")
+    ps = torch.zeros(3, depths, len(seqs), dtype=torch.long) if per_sequence else None
     head.eval()
     tot = {"reg": 0.0, "ce": 0.0, "tv": 0.0, "acc": 0.0, "n": 0}
     acc_d = [0.0] * depths
@@ -562,7 +585,13 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
         ids, hid, mask = collate(seqs, idx, lm_head_w.device)
         if depths > 1:
             _, st = unrolled_loss(head, lm_head_w, ids, hid, mask, steps=depths, noise=0.0, w_reg=w_reg, w_ce=w_ce,
-                                  w_tv=w_tv, copy=lookup_hits(ids) if split_copy else None)
+                                  w_tv=w_tv, copy=lookup_hits(ids) if split_copy else None, row_hits=per_sequence)
+            if per_sequence:
+                cols = torch.tensor(idx, dtype=torch.long)
+                for j in range(depths):
+                    ps[0, j, cols] += st["hit1_by_row"][j]
+                    ps[1, j, cols] += st["hitk_by_row"][j]
+                    ps[2, j, cols] += st["n_by_row"][j]
             for j in range(depths):
                 acc_d[j] += st["acc_by_depth"][j] * st["n_by_depth"][j]
                 top_d[j] += st["topk_by_depth"][j] * st["n_by_depth"][j]
@@ -585,6 +614,8 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
         out["acc_by_depth"] = [acc_d[j] / max(n_d[j], 1) for j in range(depths)]
         out["top4_by_depth"] = [top_d[j] / max(n_d[j], 1) for j in range(depths)]
         out["n_by_depth"] = n_d
+    if per_sequence:
+        out["per_sequence"] = {"top1_hits": ps[0], "top4_hits": ps[1], "n": ps[2]}
     if split_copy:
         n_o = [n_d[j] - n_c[j] for j in range(depths)]
         out["copy"] = {"acc_by_depth": [acc_c[j] / max(n_c[j], 1) for j in range(depths)],
