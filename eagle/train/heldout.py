@@ -16,6 +16,11 @@ the head drafts there continues a 2-gram already in the context (prompt or answe
 prompt lookup would have drafted it (:func:`eagle.train.train.lookup_hits`). A head that copies well
 is far more accurate there than elsewhere; Spec-Bench's summarization, translation and rag answers
 are full of such positions.
+
+With two or more heads, a third table pairs each later head against the first: the difference of its
+per-depth rates and the bootstrap standard error of that difference over held-out records (a record's
+sequences resampled together, the same resample for every head and depth; :func:`paired_bootstrap`).
+The two heads see exactly the same positions, so this SE is far smaller than either rate's own.
 """
 from __future__ import annotations
 
