@@ -56,8 +56,7 @@ def residual_draft(q: torch.Tensor, top_tokens: torch.Tensor) -> torch.Tensor:
     set to 0 and renormalised. Rows with no mass left come back all zero (never NaN)."""
     r = q.clone()
     if top_tokens.numel():
-        valid = top_tokens >= 0
-        r.scatter_(-1, top_tokens.clamp(min=0), torch.where(valid, 0.0, r.gather(-1, top_tokens.clamp(min=0))))
+        r.masked_fill_(_removed_mask(r, top_tokens.clamp(min=0), top_tokens >= 0), 0.0)
     s = r.sum(-1, keepdim=True)
     return torch.where(s > 0, r / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(r))
 
@@ -104,9 +103,23 @@ def remaining_masses(q: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor
     return out
 
 
+def _removed_mask(like: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+    """Bool ``[..., V]`` (shape of ``like``): True at ``tokens[..., j]`` where ``remove[..., j]``.
+
+    Built with an additive scatter, which is exact whatever the order of the writes. A plain
+    ``scatter_`` of "0 where removed, the old value where kept" is not: when a kept slot (e.g. a
+    padding slot) names the same token as a removed one, the two writes to one column race and the
+    removed entry can come back (the cause of UniVer's loss of losslessness on trees with a node
+    narrower than the widest one, issue 52).
+    """
+    cnt = torch.zeros(like.shape, dtype=torch.int32, device=like.device)
+    cnt.scatter_add_(-1, tokens, remove.to(torch.int32))
+    return cnt > 0
+
+
 def _masked_sums(sub: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
     """Row sums of ``sub`` (a copy, modified in place) with the removed tokens zeroed (float64)."""
-    sub.scatter_(1, tokens, torch.where(remove, 0.0, sub.gather(1, tokens)))  # kept slots write their own value
+    sub.masked_fill_(_removed_mask(sub, tokens, remove), 0.0)
     return sub.sum(1).to(torch.float64)
 
 

@@ -8,10 +8,6 @@ law of those tokens (tolerance 1e-9). Broken variants must fail the same check.
 """
 from __future__ import annotations
 
-import itertools
-import zlib
-from functools import lru_cache
-
 import pytest
 import torch
 
@@ -19,127 +15,10 @@ import univer_patch  # noqa: F401  (registers the verifiers)
 from eagle.tree import balanced, build_tree
 from eagle.verify import available_verifiers, get_verifier
 from eagle.verify.checks import check_tree_inputs
-from eagle.rules import children_law
+from exact_law import F64, REGIMES, TOL, Laws, enumerate_trees, law_error, text_law_error  # noqa: F401
 from univer_patch import block, greedy, univer
 
-F64 = torch.float64
-TOL = 1e-9
 UNBALANCED = [[0], [1], [0, 0], [0, 0, 0], [1, 0]]
-REGIMES = ("peaked", "flat", "close", "sparse")
-
-
-class Laws:
-    """Target and draft laws as functions of the token path (a tuple starting at the root token).
-
-    regime: ``peaked`` (independent, scale 2.5), ``flat`` (independent, scale 0.4), ``close``
-    (draft = target logits + small noise: many acceptances with probability 1), ``sparse``
-    (target with its 1-2 least likely tokens set to 0, as after top-p).
-    """
-
-    def __init__(self, V: int, regime: str, seed: int):
-        self.V, self.regime, self.seed = V, regime, seed
-        self._cache: dict = {}
-
-    def _logits(self, path: tuple, kind: str) -> torch.Tensor:
-        h = zlib.crc32(repr((self.seed, self.regime, kind, path)).encode())
-        g = torch.Generator().manual_seed(h)
-        return torch.randn(self.V, generator=g, dtype=F64)
-
-    def __call__(self, path: tuple, kind: str) -> torch.Tensor:
-        key = (path, kind)
-        if key in self._cache:
-            return self._cache[key]
-        base = self._logits(path, "target")
-        if self.regime == "peaked":
-            lg = 2.5 * (base if kind == "target" else self._logits(path, "draft"))
-        elif self.regime == "flat":
-            lg = 0.4 * (base if kind == "target" else self._logits(path, "draft"))
-        elif self.regime == "close":
-            lg = 1.5 * base + (0.0 if kind == "target" else 0.5 * self._logits(path, "draft"))
-        else:  # sparse
-            lg = 1.5 * (base if kind == "target" else self._logits(path, "draft"))
-        p = torch.softmax(lg, 0)
-        if self.regime == "sparse" and kind == "target":
-            k = 1 + (zlib.crc32(repr(path).encode()) % 2)
-            p[torch.argsort(p)[:k]] = 0.0
-            p = p / p.sum()
-        self._cache[key] = p
-        return p
-
-
-def enumerate_trees(choices, rule: str, laws: Laws):
-    """Yield ``(parents, tokens, target [N,V], draft [N,V], prob)`` for every tree the rule can draw
-    on the shape ``choices`` (root token 0). Laws must have full draft support (no pruning)."""
-    tb = build_tree(choices)
-    n = tb.num_nodes
-    children = tb.children
-    inner = [v for v in range(n) if children[v]]
-
-    def rec(k: int, tokens: list, paths: list, prob: float):
-        if k == len(inner):
-            yield list(tokens), list(paths), prob
-            return
-        v = inner[k]
-        m = len(children[v])
-        for tup, p in children_law(laws(paths[v], "draft"), m, rule):
-            assert len(tup) == m, "laws must have full draft support"
-            for c, t in zip(children[v], tup):
-                tokens[c] = t
-                paths[c] = paths[v] + (t,)
-            yield from rec(k + 1, tokens, paths, prob * p)
-
-    tokens0 = [0] * n
-    paths0 = [()] * n
-    paths0[0] = (0,)
-    for tokens, paths, prob in rec(0, tokens0, paths0, 1.0):
-        target = torch.stack([laws(paths[i], "target") for i in range(n)])
-        draft = torch.stack([laws(paths[i], "draft") for i in range(n)])
-        yield tb.parents, torch.tensor(tokens), target, draft, prob, paths
-
-
-def text_law_error(outcome_fn, choices, rule: str, laws: Laws) -> tuple[float, float]:
-    """Max |generated law - target law| over sequences of depth+1 tokens, and the expected tau."""
-    depth = max(len(c) for c in choices)
-    L: dict[tuple, float] = {}
-    tau = 0.0
-    check = True
-    for parents, tokens, target, draft, prob, paths in enumerate_trees(choices, rule, laws):
-        out = outcome_fn(parents, tokens, target, draft, validate=check)
-        check = False  # validate the first tree only (validation has its own tests); speed
-        assert torch.isfinite(out).all() and (out >= 0).all()
-        assert abs(float(out.sum()) - 1.0) < 1e-9
-        rows = out.tolist()
-        for i, row in enumerate(rows):
-            mass_i = 0.0
-            for y, w in enumerate(row):
-                if w > 0:
-                    key = paths[i][1:] + (y,)
-                    L[key] = L.get(key, 0.0) + prob * w
-                    mass_i += w
-            tau += prob * mass_i * len(paths[i])
-    return law_error(L, lambda path: laws(path, "target"), laws.V, depth), tau
-
-
-def law_error(L: dict, target_law, V: int, depth: int) -> float:
-    """Max over token sequences of length depth+1 of |generated law - target law|.
-
-    ``L[prefix]``: probability that the verifier emits exactly ``prefix`` (then the target continues);
-    ``target_law(path)``: the target's law ``[V]`` after the token path (root token 0 first).
-    """
-    err = 0.0
-    for seq in itertools.product(range(V), repeat=depth + 1):
-        target_p, gen = 1.0, 0.0
-        for k in range(depth + 1):
-            prefix = seq[: k + 1]
-            # generated: prefix emitted by the verifier, continued by the target from there
-            if prefix in L:
-                cont = 1.0
-                for j in range(k + 1, depth + 1):
-                    cont *= float(target_law((0,) + seq[:j])[seq[j]])
-                gen += L[prefix] * cont
-            target_p *= float(target_law((0,) + seq[:k])[seq[k]])
-        err = max(err, abs(gen - target_p))
-    return err
 
 
 #: every method the registry lists for temperature > 0 (a newly registered one is tested too)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import univer_patch  # noqa: F401  (registers traversal, greedy, univer)
 from eagle.tree import build_tree
 from eagle.verify import available_verifiers, get_verifier
-from test_verify_exact import law_error
+from exact_law import law_error
 from test_verify_stats import chi_square_pvalue, sample_counts
 from eagle.rules import children_law, draw_children
 
