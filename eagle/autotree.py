@@ -194,14 +194,14 @@ def default_contexts(model, n_prompts: int = 16, new_tokens: int = 48, per_promp
     """Real contexts for the measurements: prompt + the target's own answer cut at ``per_prompt``
     evenly spaced points.
 
-    Sources, in order: the self-distillation corpus (``eagle.train.corpus``, its stored answers; no
+    Sources, in order: the self-distillation corpus (``eagle.data.corpus``, its stored answers; no
     generation); Alpaca prompts in the chat template answered by the target (``naivegenerate`` at
     ``temperature``); for a model without a tokenizer, seeded random prompts answered the same way.
     """
     vocab = model.lm_head.weight.shape[0]
     pairs: list[tuple[list[int], list[int]]] = []
     try:
-        from .train.corpus import DEFAULT_ROOT, iter_records
+        from .data.corpus import DEFAULT_ROOT, iter_records
 
         root = corpus or DEFAULT_ROOT
         if os.path.isdir(root):
@@ -217,7 +217,7 @@ def default_contexts(model, n_prompts: int = 16, new_tokens: int = 48, per_promp
     if len(pairs) < n_prompts:
         prompts = []
         if getattr(model, "tokenizer", None) is not None:
-            from .train.data import DEFAULT_PROMPTS, load_alpaca
+            from .data.corpus import DEFAULT_PROMPTS, load_alpaca
 
             if os.path.exists(DEFAULT_PROMPTS):
                 recs = load_alpaca(DEFAULT_PROMPTS)
@@ -417,7 +417,7 @@ def cache_key(model, temperature: float, top_p: float, top_k: int, verifier: str
                     "fast_cpu": bool(getattr(model, "fast_cpu", False)),
                     "attention": getattr(cfg, "_attn_implementation", None)},
         "sampling": {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)},
-        "verifier": verifier, "max_nodes": int(max_nodes), "version": 2,
+        "verifier": verifier, "max_nodes": int(max_nodes), "version": 3,  # 3: robust fit (FIT_TOLERANCE)
     }
 
 

@@ -68,7 +68,7 @@ def test_matches_brute_force(seed):
     cost = CycleCost(target_tokens=tuple(range(1, N + 2)), target_s=tuple(pts),
                      draft_level_s=float(rng.uniform(0, 1.5)), draft_node_s=float(rng.uniform(0, 0.5)),
                      fixed_s=float(rng.uniform(0, 1)))
-    fit = fit_tree(acc, cost, max_nodes=N)
+    fit = fit_tree(acc, cost, max_nodes=N, tolerance=0)
     ratio, tree = brute_best(acc, cost, N)
     assert fit.tokens_per_s == pytest.approx(ratio, rel=1e-9)
     assert fit.expected_tokens / fit.cycle_s == pytest.approx(ratio, rel=1e-9)
@@ -80,7 +80,7 @@ def test_unsorted_acceptance_matches_brute_force():
     # a rank-1 child better than rank 0 (not monotone): the fit still respects contiguous ranks
     acc = np.array([[0.2, 0.9], [0.3, 0.8], [0.5, 0.5]])
     cost = CycleCost((1, 2, 3, 4, 5, 6, 7), (1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0), 0.1, 0.05, 0.2)
-    fit = fit_tree(acc, cost, max_nodes=6)
+    fit = fit_tree(acc, cost, max_nodes=6, tolerance=0)
     ratio, _ = brute_best(acc, cost, 6)
     assert fit.tokens_per_s == pytest.approx(ratio, rel=1e-9)
 
@@ -92,7 +92,7 @@ def test_chain_closed_form():
     acc = np.zeros((D, 3))
     acc[:, 0] = 0.8
     cost = CycleCost(tuple(range(1, 12)), tuple(1.0 + 0.25 * i for i in range(11)))
-    fit = fit_tree(acc, cost, max_nodes=10)
+    fit = fit_tree(acc, cost, max_nodes=10, tolerance=0)
     ratios = [sum(0.8 ** i for i in range(L + 1)) / (1 + 0.25 * L) for L in range(1, D + 1)]
     L = int(np.argmax(ratios)) + 1
     assert fit.choices == [[0] * k for k in range(1, L + 1)]
@@ -123,12 +123,45 @@ def test_draft_cost_terms_change_the_choice():
     acc = np.array([[0.7, 0.4, 0.3], [0.7, 0.4, 0.3], [0.7, 0.4, 0.3]])
     flat = CycleCost((1, 20), (1.0, 1.0 + 19 * 0.02), draft_level_s=2.0)
     deep = CycleCost((1, 20), (1.0, 1.0 + 19 * 0.02), draft_node_s=2.0)
-    f1, f2 = fit_tree(acc, flat, max_nodes=8), fit_tree(acc, deep, max_nodes=8)
+    f1, f2 = fit_tree(acc, flat, max_nodes=8, tolerance=0), fit_tree(acc, deep, max_nodes=8, tolerance=0)
     assert f1.depth < f2.depth or f1.num_nodes > f2.num_nodes
     for f, c in ((f1, flat), (f2, deep)):
         ratio, _ = brute_best(acc, c, 5) if f.num_nodes <= 5 else (None, None)
         if ratio is not None:
             assert f.tokens_per_s >= ratio - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tolerance_prefers_the_largest_tree_near_the_optimum(seed):
+    """Within ``tolerance`` of the best predicted tokens/s the fit takes the most nodes, never a tree
+    below the margin; tolerance 0 is the exact optimum."""
+    rng = np.random.default_rng(100 + seed)
+    acc = np.sort(rng.uniform(0.2, 0.9, size=(4, 3)), axis=1)[:, ::-1]
+    cost = CycleCost(tuple(range(1, 14)), tuple(1.0 + 0.05 * i + 0.002 * i * i for i in range(13)),
+                     draft_level_s=0.05, draft_node_s=0.01)
+    exact = fit_tree(acc, cost, max_nodes=12, tolerance=0)
+    robust = fit_tree(acc, cost, max_nodes=12, tolerance=0.05)
+    assert robust.best_tokens_per_s == pytest.approx(exact.tokens_per_s)
+    assert robust.tokens_per_s >= 0.95 * exact.tokens_per_s - 1e-12
+    assert robust.num_nodes >= exact.num_nodes
+    # no tree with more nodes is within the margin
+    for n, _, _, r in robust.best_by_size:
+        if n > robust.num_nodes:
+            assert r < 0.95 * exact.tokens_per_s + 1e-12
+    assert "within 5%" in robust.explain(cost)
+
+
+def test_flat_optimum_picks_a_branching_tree():
+    """The CPU default's situation (issue 48): predicted tokens/s flat within 4% from 1 to 12 nodes;
+    the exact argmax is a chain of 2, the robust fit a larger tree."""
+    acc = np.array([[0.55, 0.2, 0.1], [0.5, 0.15, 0.1], [0.5, 0.1, 0.05], [0.45, 0.1, 0.05]])
+    cost = CycleCost(tuple(range(1, 14)), tuple(1.0 + 0.06 * i for i in range(13)), draft_level_s=0.1)
+    exact = fit_tree(acc, cost, max_nodes=12, tolerance=0)
+    robust = fit_tree(acc, cost, max_nodes=12)
+    assert robust.num_nodes > exact.num_nodes
+    assert robust.tokens_per_s >= 0.95 * robust.best_tokens_per_s
+    with pytest.raises(ValueError, match="tolerance"):
+        fit_tree(acc, cost, tolerance=1.0)
 
 
 def test_interpolation_and_extrapolation():

@@ -119,6 +119,8 @@ class FittedTree:
         num_nodes, depth: shape of the tree.
         best_by_size: for each node count n, ``[n, E, cycle_s, tokens_per_s]`` of the best tree with
             exactly n draft nodes (how flat the optimum is).
+        best_tokens_per_s: predicted tokens/s of the exact optimum; ``tolerance``: the margin within
+            which the largest tree was preferred (see :func:`fit_tree`).
     """
 
     choices: list
@@ -129,6 +131,8 @@ class FittedTree:
     num_nodes: int
     depth: int
     best_by_size: list = field(default_factory=list)
+    best_tokens_per_s: float = 0.0
+    tolerance: float = 0.0
 
     def explain(self, cost: CycleCost) -> str:
         """A few lines: the choice, its predicted tau and cycle breakdown, and the runners-up by size."""
@@ -138,6 +142,9 @@ class FittedTree:
             f"  predicted tau {self.expected_tokens:.3f} tokens/cycle; cycle {1e3 * self.cycle_s:.1f} ms = target "
             f"forward {1e3 * t:.1f} + drafting {1e3 * cost.draft_s(self.num_nodes, self.depth):.1f}"
             f" + fixed {1e3 * cost.fixed_s:.1f} ms",
+            f"  the largest tree within {100 * self.tolerance:.0f}% of the best predicted tokens/s "
+            f"({self.best_tokens_per_s:.2f}); load shifts costs by more than that" if self.tolerance > 0 else
+            "  the exact optimum of predicted tokens/s",
             f"  {self.tokens_per_s:.2f} tokens/s vs plain decoding {1 / cost.decode_s:.2f} tokens/s "
             f"(decode step {1e3 * cost.decode_s:.1f} ms): predicted speedup {self.speedup:.2f}x",
             "  best tree per size (n: tau, ms/cycle, tokens/s): " + ", ".join(
@@ -230,13 +237,22 @@ def _rebuild(arg: dict, d: int, n_sub: int, prefix: tuple, out: list) -> None:
         r += 1
 
 
-def fit_tree(acceptance, cost: CycleCost, max_nodes: int = 64, max_depth: int | None = None) -> FittedTree:
-    """The static tree maximising expected tokens per second (dynamic programming, exact).
+#: relative margin of predicted tokens/s within which :func:`fit_tree` prefers the larger tree
+FIT_TOLERANCE = 0.05
+
+
+def fit_tree(acceptance, cost: CycleCost, max_nodes: int = 64, max_depth: int | None = None,
+             tolerance: float = FIT_TOLERANCE) -> FittedTree:
+    """The static tree maximising expected tokens per second (dynamic programming, exact), made robust.
 
     For every maximal depth D' and node count n the cycle cost is fixed, so the best tree of that
     (n, D') maximises E alone; E decomposes over subtrees (a child's subtree value is scaled by its
-    acceptance), which the DP over (depth, rank, node budget) solves exactly. The answer is the
-    best ratio over all (n, D').
+    acceptance), which the DP over (depth, rank, node budget) solves exactly. Among all (n, D')
+    whose predicted tokens/s is within ``tolerance`` (relative) of the best, the one with the most
+    nodes is chosen (then the higher tokens/s): on the CPU the optimum is flat (a chain and a
+    12-node tree within a few percent), and measured costs move with the machine's load, so the
+    exact argmax would flip between a chain and a tree from one fit to the next; the larger tree
+    gives more tokens per cycle and branches, at a predicted cost of at most ``tolerance``.
 
     Args:
         acceptance: float ``[D, R]``: ``acceptance[d-1, r]`` = P(the rank-r child at depth d is
@@ -244,14 +260,17 @@ def fit_tree(acceptance, cost: CycleCost, max_nodes: int = 64, max_depth: int | 
         cost: :class:`CycleCost` (seconds).
         max_nodes: largest number of draft nodes (root excluded), >= 1.
         max_depth: optional further depth limit (<= D).
+        tolerance: relative margin in ``[0, 1)``; 0 gives the exact argmax (ties to the shallower,
+            then smaller tree).
 
     Returns:
-        :class:`FittedTree` (exact optimum of ``E / cycle_s`` over all trees in the bounds; ties go
-        to the shallower, then smaller tree).
+        :class:`FittedTree` (``best_tokens_per_s`` holds the exact optimum's predicted tokens/s).
 
     Raises:
-        ValueError: a malformed table, ``max_nodes < 1`` or ``max_depth < 1``.
+        ValueError: a malformed table, ``max_nodes < 1``, ``max_depth < 1`` or ``tolerance`` outside [0, 1).
     """
+    if not 0.0 <= float(tolerance) < 1.0:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
     a = _check_acceptance(acceptance)
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
         raise ValueError(f"max_nodes must be an integer >= 1, got {max_nodes!r}")
@@ -261,6 +280,7 @@ def fit_tree(acceptance, cost: CycleCost, max_nodes: int = 64, max_depth: int | 
     D = min(D, a.shape[0])
     sizes = np.arange(max_nodes + 1)
     by_size: dict = {}
+    cands = []  # (ratio, n, d_max, arg) of the best tree of every (n, d_max)
     best = None
     for d_max in range(1, D + 1):
         vals, arg = _dp(a, max_nodes, d_max)
@@ -271,8 +291,13 @@ def fit_tree(acceptance, cost: CycleCost, max_nodes: int = 64, max_depth: int | 
             ratio = vals[n] / cyc[n]
             if n not in by_size or ratio > by_size[n][3] * (1 + 1e-12):
                 by_size[n] = [n, float(vals[n]), float(cyc[n]), float(ratio)]
+            cands.append((float(ratio), n, d_max, arg))
             if best is None or ratio > best[0] * (1 + 1e-12):
-                best = (float(ratio), n, d_max, arg)
+                best = cands[-1]
+    floor = best[0] * (1.0 - float(tolerance))
+    if tolerance > 0:
+        best = max((c for c in cands if c[0] >= floor), key=lambda c: (c[1], c[0], -c[2]))
+    best_ratio = max(c[0] for c in cands)
     ratio, n, d_max, arg = best
     paths: list = []
     _rebuild(arg, 0, n + 1, (), paths)
@@ -281,7 +306,8 @@ def fit_tree(acceptance, cost: CycleCost, max_nodes: int = 64, max_depth: int | 
     e, c = expected_tokens(choices, a), cost.cycle_s(nn, dd)
     return FittedTree(choices=[list(p) for p in choices], expected_tokens=e, cycle_s=c, tokens_per_s=e / c,
                       speedup=e / c * cost.decode_s, num_nodes=nn, depth=dd,
-                      best_by_size=[by_size[k] for k in sorted(by_size)])
+                      best_by_size=[by_size[k] for k in sorted(by_size)], best_tokens_per_s=best_ratio,
+                      tolerance=float(tolerance))
 
 
 # ---------------------------------------------------------------------- cache
