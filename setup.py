@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="Lossless tree speculative decoding: an EAGLE engine with UniVer, Traversal, Greedy and RRSw verifiers",
     packages=find_packages(include=["eagle", "eagle.*", "univer_patch", "univer_patch.*", "evaluation", "evaluation.*"]),
-    package_data={"": ["*.json", "*.safetensors", "*.md"]},
+    # the default head ships with the package (eagle.data.DEFAULT_HEAD), so a regular install finds it
+    package_data={"": ["*.json", "*.safetensors", "*.md"], "eagle.data": ["heads/*/*"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1",  # pin torch==2.13.0 yourself on CPU machines (see requirements.txt)

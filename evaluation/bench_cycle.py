@@ -58,7 +58,7 @@ def fixed_contexts(model, tokens: int, n: int = 1, seed: int = 0) -> list[torch.
     vocab = model.lm_head.weight.shape[0]
     out: list[torch.Tensor] = []
     try:
-        from eagle.train.corpus import DEFAULT_ROOT, iter_records
+        from eagle.data.corpus import DEFAULT_ROOT, iter_records
 
         if os.path.isdir(DEFAULT_ROOT):
             for split in ("heldout", "train"):
@@ -71,7 +71,7 @@ def fixed_contexts(model, tokens: int, n: int = 1, seed: int = 0) -> list[torch.
         pass
     tok = getattr(model, "tokenizer", None)
     if len(out) < n and tok is not None:
-        from eagle.train.data import DEFAULT_PROMPTS, load_alpaca
+        from eagle.data.corpus import DEFAULT_PROMPTS, load_alpaca
 
         if os.path.exists(DEFAULT_PROMPTS):
             for r in sorted(load_alpaca(DEFAULT_PROMPTS), key=lambda r: -len(r["output"])):

@@ -1,6 +1,6 @@
 """Time one draft-head training step in float32 and under bfloat16 autocast, on the same batches.
 
-    python -m evaluation.bench_train_step --data cache/fwb/train --init data/heads/smollm2-135m-eagle \
+    python -m research.bench_train_step --data cache/fwb/train --init eagle/data/heads/smollm2-135m-eagle \
         [--max-len 1024] [--batch-tokens 2048] [--unroll 4] [--batches 6] [--threads 2] [--out runs/bench_train_step.json]
 
 What ``eagle.train.train --autocast bf16`` buys and costs. For each of ``--batches`` batches of real features

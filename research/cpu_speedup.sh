@@ -3,7 +3,7 @@
 # decoding on the fitted tree, same optimised model) on Spec-Bench, 5 questions per category group,
 # 128 new tokens per turn, seed 0, at temperature 0 (rrsw) and 1 (rrsw, univer), for each thread count.
 #
-#   scripts/cpu_speedup.sh [OUT] [extra main-job args...]   (OUT default runs/cpu_speedup, relative to
+#   research/cpu_speedup.sh [OUT] [extra main-job args...]   (OUT default runs/cpu_speedup, relative to
 #                                                            the repository root)
 #
 # THREADS (default "1 2") lists the torch thread counts; PER_CATEGORY (5) and MAX_NEW (128) the size.

@@ -1,6 +1,6 @@
 """Where speculative cycles lose tokens, read from an answer file (no model run).
 
-``python -m evaluation.cycle_losses --answers FILE.jsonl[.gz] [--question-file Q] [--model default] [--out DIR]``
+``python -m research.cycle_losses --answers FILE.jsonl[.gz] [--question-file Q] [--model default] [--out DIR]``
 
 An answer file of :mod:`evaluation.gen_answer` holds, per turn, the generated token ids and the
 tokens each cycle appended (``accept_lengths``: accepted draft tokens + 1). Cycle ``c`` of a turn
@@ -24,7 +24,7 @@ Only temperature-0 answers say which token the drafts had to hit; at temperature
 describe the sampled text. Writes ``cycle_losses.json`` and ``cycle_losses.md`` to ``--out``.
 
 ``--heads A[,B...]`` also scores draft heads teacher-forced on the answers' own text, exactly as
-:mod:`eagle.train.heldout` scores them on held-out corpus text (top-1 / top-4 per draft depth, split
+:mod:`research.heldout` scores them on held-out corpus text (top-1 / top-4 per draft depth, split
 into copy and other positions): the target re-reads prompt + answer, and each head is unrolled on its
 own features. With temperature-0 answers this is the Spec-Bench counterpart of the held-out table,
 so the two show whether a head's accuracy carries over from its training distribution (the answers
@@ -183,7 +183,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
                            depths: int = 5, max_len: int = 2048, device: str = "cpu",
                            groups: Optional[Sequence[str]] = None) -> dict:
     """Teacher-forced top-1 / top-4 per draft depth of each head on the answers' text, split into copy
-    and other positions (:func:`eagle.train.heldout.evaluate_heads`).
+    and other positions (:func:`research.heldout.evaluate_heads`).
 
     Args:
         token_records: :func:`answer_token_records` output (one turn each).
@@ -206,7 +206,7 @@ def score_heads_on_answers(heads: Sequence[str], token_records: Sequence[dict], 
     from eagle.train.data import _pad_id, load_base
     from eagle.train.draft_vocab import load_draft_vocab
     from eagle.train.features import build_feature_shard
-    from eagle.train.heldout import depth_summary, shard_sequences
+    from research.heldout import depth_summary, shard_sequences
     from eagle.train.train import evaluate, lookup_hits
 
     if depths < 2:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the default head from the committed self-distillation corpus (data/distill), issue 13's route.
 #
-#   scripts/distill_head.sh OUT [extra train args...]
+#   research/distill_head.sh OUT [extra train args...]
 #
 # 1. features: the target re-encodes the corpus (token ids -> last hidden states, float16) into
 #    ${FEATURES:-cache/features} (outside git, ~1.1 KB per token; only new shards are encoded);
@@ -10,15 +10,15 @@
 #    shipped head); the distribution terms over DRAFT_VOCAB's rows (default: INIT's draft vocabulary);
 #    held-out = the corpus's held-out split (never trained on; 96 of its sequences are evaluated every
 #    20 min, top-1/top-4 per depth 1..5: a full-vocabulary evaluation of all of them would cost minutes);
-# 3. the held-out comparison of the new head against INIT (eagle.train.heldout).
+# 3. the held-out comparison of the new head against INIT (research.heldout).
 # SHARDS (default all): only these corpus shard numbers for features and training, e.g. the shards INIT
 # has not trained on (153-158,160- for a stage warm-started from stage 3); FEATURES should then be a folder
 # holding only those. MAX_LEN (default 768) tokens per sequence. Budgets: TRAIN_MINUTES (default 60) on THREADS (default 2) threads. Logs: OUT.features.log, OUT.train.log.
 set -euo pipefail
-OUT=${1:?usage: scripts/distill_head.sh OUT [extra train args]}
+OUT=${1:?usage: research/distill_head.sh OUT [extra train args]}
 shift 1
 FEATURES=${FEATURES:-cache/features}
-INIT=${INIT:-data/heads/smollm2-135m-eagle}
+INIT=${INIT:-eagle/data/heads/smollm2-135m-eagle}
 UNROLL=${UNROLL:-3}
 ACC_WEIGHT=${ACC_WEIGHT:-0.0}
 TRAIN_MINUTES=${TRAIN_MINUTES:-60}
@@ -46,4 +46,4 @@ $PY -m eagle.train.train --base default --data "$FEATURES/train,$FEATURES/heldou
     --min-lr-ratio 0.1 --noise 0.1 --ce-frac 0.25 --clip 0.5 --eval-minutes 20 --save-minutes 10 --eval-at-start \
     --threads "$THREADS" "$@" 2>&1 | tee "${OUT%/}.train.log"
 
-$PY -m eagle.train.heldout --heads "${INIT:+$INIT,}$OUT" --max-records 96 --threads "$THREADS" --json "${OUT%/}.heldout.json"
+$PY -m research.heldout --heads "${INIT:+$INIT,}$OUT" --max-records 96 --threads "$THREADS" --json "${OUT%/}.heldout.json"

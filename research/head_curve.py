@@ -3,7 +3,7 @@
 Several draft heads of the same target are compared on two FIXED sets, so that the only thing that
 changes between points is the head:
 
-1. **Held-out accuracy per draft depth** (:func:`eagle.train.heldout.evaluate_heads`): the first
+1. **Held-out accuracy per draft depth** (:func:`research.heldout.evaluate_heads`): the first
    ``--max-records`` held-out records of the self-distillation corpus (prompts no head trained on);
    at depth ``d`` the head has drafted ``d - 1`` tokens of the target's own continuation on its own
    features; top-1 = its argmax is the target's argmax, top-4 = the target's argmax is among its 4 best.
@@ -16,7 +16,7 @@ changes between points is the head:
 The x axis is the number of answer (counted) tokens the head was trained on: ``--tokens`` per head,
 by default ``train_counted_positions`` of the head's ``train_log.json`` (its last training stage).
 
-``python -m evaluation.head_curve --head LABEL=FOLDER [--head ...] --tokens N [N ...] --reference
+``python -m research.head_curve --head LABEL=FOLDER [--head ...] --tokens N [N ...] --reference
 ANSWERS.jsonl --question-file Q.jsonl --out DIR`` writes ``DIR/head_curve.{json,md,png}``.
 ``--previous OLD/head_curve.json`` keeps the rows of an earlier run and measures only the new heads
 (both measures are deterministic per head, so re-measuring an old head would repeat its numbers); the
@@ -239,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         clash = {h["label"] for h in previous["heads"]} & {h["label"] for h in heads}
         if bad or clash:
             ap.error(f"--previous {args.previous}: " + "; ".join(bad + [f"head label {c!r} already in it" for c in sorted(clash)]))
-    from eagle.train.heldout import main as heldout_main
+    from research.heldout import main as heldout_main
 
     from evaluation import exact_tau
 

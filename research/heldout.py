@@ -1,6 +1,6 @@
 """Where a draft head loses acceptance: held-out top-1 / top-4 per draft depth, several heads side by side.
 
-``python -m eagle.train.heldout --heads data/heads/smollm2-135m-eagle[,OTHER] [--corpus data/distill/smollm2-135m]
+``python -m research.heldout --heads eagle/data/heads/smollm2-135m-eagle[,OTHER] [--corpus data/distill/smollm2-135m]
 [--depths 5] [--max-records 96] [--json out.json]``
 
 The held-out records of the self-distillation corpus (``"split": "heldout"``, 3.75% of the shards,
@@ -63,8 +63,8 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
     ``view="recall"`` scores their recall sequences instead (:mod:`eagle.train.recall`; needs ``tok``;
     those longer than ``max_len`` are left out).
     """
-    from .corpus import iter_records
-    from .features import DEFAULT_MAX_LEN, VIEWS, build_feature_shard
+    from eagle.data.corpus import iter_records
+    from eagle.train.features import DEFAULT_MAX_LEN, VIEWS, build_feature_shard
 
     max_len = DEFAULT_MAX_LEN if max_len is None else max_len
 
@@ -77,14 +77,14 @@ def heldout_sequences(model, corpus, max_records: int, max_len: int | None = Non
             break
     if not recs:
         raise ValueError(f"{corpus}: no held-out records at temperature {temperature} (build them with "
-                         f"`python -m eagle.train.corpus build --split heldout`)")
+                         f"`python -m research.corpus build --split heldout`)")
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     if view == "recall":
-        from .recall import recall_records
+        from eagle.train.recall import recall_records
 
         recs = recall_records(recs, tok, 0, max_len)
-    from .features import record_kinds, sequences_of
+    from eagle.train.features import record_kinds, sequences_of
 
     seqs = shard_sequences(build_feature_shard(model, recs, max_len=max_len, batch_tokens=4096, pad_id=pad_id))
     rec_of = [i for i, r in enumerate(recs) for _ in sequences_of(r, max_len)]
@@ -161,7 +161,7 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
     ``"per_sequence"`` counts (:func:`paired_bootstrap`)."""
     from eagle.model.head import EagleHead
 
-    from .train import evaluate
+    from eagle.train.train import evaluate
 
     emb = model.get_input_embeddings()
     w = model.get_output_embeddings().weight.detach().float()
@@ -178,10 +178,10 @@ def evaluate_heads(heads: list[str], seqs: list[dict], model, depths: int = 5, b
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; prints a table and returns the results dict."""
-    from .corpus import DEFAULT_ROOT, DEFAULT_RUN
-    from .features import VIEWS
-    from .data import _pad_id, add_device_argument, load_base, parse_device
-    from .train import COPY_NGRAM
+    from eagle.data.corpus import DEFAULT_ROOT, DEFAULT_RUN
+    from eagle.train.features import VIEWS
+    from eagle.train.data import _pad_id, add_device_argument, load_base, parse_device
+    from eagle.train.train import COPY_NGRAM
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heads", required=True, help="comma-separated head folders (public EAGLE-1 layout)")

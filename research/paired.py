@@ -12,15 +12,15 @@ At temperature 0 the two runs are deterministic given the head, so the pairing i
 > 0 the sampled answers of A and B differ, and the paired SE over questions still omits that variance.
 
 The same comparison for two **exact expected tau** files (``exact_tau.json`` of
-:mod:`evaluation.exact_tau`, e.g. ``OUT/exact/LABEL/exact_tau.json`` of :mod:`evaluation.head_curve`): the
+:mod:`evaluation.exact_tau`, e.g. ``OUT/exact/LABEL/exact_tau.json`` of :mod:`research.head_curve`): the
 contexts both files scored (same question, turn and position) are paired, and the questions are resampled
 by :func:`evaluation.exact_tau.paired_bootstrap`. One tree draw per context at temperature > 0 is part of
 each context's value, so its variance is inside that SE.
 
 Command line::
 
-    python -m evaluation.paired --a runs/tau-s6/*/answers --b runs/tau-s7/*/answers --labels "stage 6" "stage 7"
-    python -m evaluation.paired --a runs/curve/exact/stage_6/exact_tau.json --b runs/curve/exact/stage_7/exact_tau.json
+    python -m research.paired --a runs/tau-s6/*/answers --b runs/tau-s7/*/answers --labels "stage 6" "stage 7"
+    python -m research.paired --a runs/curve/exact/stage_6/exact_tau.json --b runs/curve/exact/stage_7/exact_tau.json
 """
 from __future__ import annotations
 
@@ -249,10 +249,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         results = (compare_exact(args.a[0], args.b[0], n_boot=args.bootstrap) if all(exact)
                    else compare_runs(args.a, args.b, n_boot=args.bootstrap, skipped=skipped))
     except ValueError as e:
-        print(f"evaluation.paired: {e}", file=sys.stderr)
+        print(f"research.paired: {e}", file=sys.stderr)
         raise SystemExit(2)
     for side, method, t, tree, sd in skipped:
-        print(f"evaluation.paired: not compared (only in {side}): {method} T {t:g} tree {tree} seed {sd}",
+        print(f"research.paired: not compared (only in {side}): {method} T {t:g} tree {tree} seed {sd}",
               file=sys.stderr)
     print(markdown(results, *args.labels))
     if args.out:

@@ -1,4 +1,4 @@
-"""Self-distillation corpus (eagle.train.corpus / prompt_sources / features) and the multi-step head loss."""
+"""Self-distillation corpus (research.corpus / prompt_sources / features) and the multi-step head loss."""
 from __future__ import annotations
 
 import gzip
@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from eagle.train import corpus as C
+from research import corpus as C
 from eagle.train import features as Fe
-from eagle.train import prompt_sources as P
+from research import prompt_sources as P
 from eagle.train import train as T
 
 from test_train import SPECBENCH_TURNS, tiny_base  # noqa: F401  (fixture)

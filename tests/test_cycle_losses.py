@@ -1,4 +1,4 @@
-"""evaluation.cycle_losses: cycles read from an answer file, copy positions, the summary numbers."""
+"""research.cycle_losses: cycles read from an answer file, copy positions, the summary numbers."""
 from __future__ import annotations
 
 import gzip
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle.train import train as T
-from evaluation import cycle_losses as C
+from research import cycle_losses as C
 
 
 def _prompt_ids(messages):

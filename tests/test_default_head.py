@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-HEAD = Path(__file__).resolve().parents[1] / "data" / "heads" / "smollm2-135m-eagle"
+from eagle.model.default import DEFAULT_HEAD
+
+HEAD = Path(DEFAULT_HEAD)
 H, V, I = 576, 49152, 1536
 
 

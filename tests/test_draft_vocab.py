@@ -128,7 +128,7 @@ def test_first_two_tokens_follow_target_with_a_draft_vocabulary(method):
 
 
 def test_cli_counts_the_corpus_and_writes_beside_the_head(tmp_path):
-    from eagle.train.corpus import write_shard
+    from eagle.data.corpus import write_shard
     from eagle.train.draft_vocab import main
 
     m = tiny_ea_model(vocab_size=32, seed=0, eos_token_id=31)

@@ -1,4 +1,4 @@
-"""scripts/gpu_head_round.sh: stops before any work, in one line, on a bad INIT or a missing GPU; passes the recipe's flags."""
+"""research/gpu_head_round.sh: stops before any work, in one line, on a bad INIT or a missing GPU; passes the recipe's flags."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_head_round.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "research" / "gpu_head_round.sh"
 
 
 def _run(*args, **env):
@@ -19,7 +19,7 @@ def _run(*args, **env):
 
 def test_usage_without_out():
     r = _run()
-    assert r.returncode != 0 and "usage: scripts/gpu_head_round.sh OUT [INIT]" in r.stderr
+    assert r.returncode != 0 and "usage: research/gpu_head_round.sh OUT [INIT]" in r.stderr
 
 
 def test_init_without_config_is_named(tmp_path):

@@ -1,9 +1,9 @@
-"""evaluation.head_curve: head specs, rows sorted by training tokens, markdown and PNG, one-line CLI errors."""
+"""research.head_curve: head specs, rows sorted by training tokens, markdown and PNG, one-line CLI errors."""
 import json
 
 import pytest
 
-from evaluation import head_curve
+from research import head_curve
 
 
 def _head(tmp_path, name, counted=None):

@@ -1,10 +1,12 @@
 """The straight line of dependencies (issue 11), read from the source with ``ast``.
 
 Layers, lowest first: ``eagle.tree`` -> ``eagle.sampling`` -> ``eagle.rules`` (drafting rules)
--> ``eagle.verify`` (verifiers; the plugin ``univer_patch`` sits beside them) -> the engine (the
-rest of ``eagle``: model, drafting, training, testing) -> ``evaluation``. A module may import its
-own layer or lower ones, never a higher one; no import cycles (lazy imports inside functions
-count); ``eagle`` never imports ``univer_patch``.
+-> ``eagle.verify`` (verifiers; the plugin ``univer_patch`` sits beside them) -> inference (the
+rest of ``eagle``: model, drafting, autotree, the shipped data and its readers, testing) -> head
+training (``eagle.train``) -> ``evaluation`` -> ``research`` (the head-training campaign's tools). A
+module may import its own layer or lower ones, never a higher one; no import cycles (lazy imports
+inside functions count); ``eagle`` never imports ``univer_patch``; inference never imports training
+or research, and evaluation never imports research.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("eagle", "univer_patch", "evaluation")
+PACKAGES = ("eagle", "univer_patch", "evaluation", "research")
 
 
 def _modules() -> dict[str, Path]:
@@ -41,10 +43,14 @@ def layer(module: str) -> float:
         return 2
     if module.startswith("eagle.verify") or module.startswith("univer_patch"):
         return 3
+    if module == "eagle.train" or module.startswith("eagle.train."):
+        return 5
     if module.startswith("eagle."):
         return 4
     if module.startswith("evaluation"):
-        return 5
+        return 6
+    if module.startswith("research"):
+        return 7
     raise AssertionError(f"module {module} has no layer")
 
 
@@ -139,9 +145,32 @@ def test_no_import_cycles():
     assert not sccs, f"import cycles: {sccs}"
 
 
+#: the inference side: what generates text (engine, drafting, verifiers, the shipped head's files)
+INFERENCE = ("eagle.model", "eagle.verify", "eagle.tree", "eagle.data", "eagle.drafting", "eagle.autotree",
+             "eagle.rules", "eagle.sampling", "univer_patch")
+
+
+def _in(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_inference_never_imports_training_or_research():
+    inference = [m for m in GRAPH if _in(m, INFERENCE)]
+    assert "eagle.autotree" in inference and "eagle.model.default" in inference
+    bad = sorted((m, t) for m in inference for t in GRAPH[m] if _in(t, ("eagle.train", "research")))
+    assert not bad, f"inference imports training / research code: {bad}"
+
+
+def test_evaluation_never_imports_research():
+    bad = sorted((m, t) for m, ts in GRAPH.items() if _in(m, ("evaluation",)) for t in ts if _in(t, ("research",)))
+    assert not bad, f"evaluation imports the research campaign: {bad}"
+
+
 @pytest.mark.parametrize("module,target", [("eagle.verify.rrsw", "eagle.verify.registry"),
                                            ("univer_patch.univer", "eagle.verify.registry"),
-                                           ("eagle.drafting", "eagle.rules")])
+                                           ("eagle.drafting", "eagle.rules"),
+                                           ("eagle.autotree", "eagle.data.corpus"),
+                                           ("research.heldout", "eagle.train.train")])
 def test_the_parser_sees_known_imports(module, target):
     """Control: the graph holds imports known to exist (so an empty graph cannot pass)."""
     assert target in GRAPH[module]
@@ -154,3 +183,16 @@ def test_a_planted_cycle_and_upward_import_are_caught(monkeypatch):
         test_no_import_from_a_lower_layer_to_a_higher_one()
     with pytest.raises(AssertionError, match="cycles"):
         test_no_import_cycles()
+
+
+def test_a_planted_training_import_in_inference_is_caught(monkeypatch):
+    """Negative control: inference importing the corpus builder or training, evaluation importing research."""
+    monkeypatch.setitem(GRAPH, "eagle.autotree", GRAPH["eagle.autotree"] | {"research.corpus"})
+    with pytest.raises(AssertionError, match="training / research"):
+        test_inference_never_imports_training_or_research()
+    monkeypatch.setitem(GRAPH, "eagle.autotree", GRAPH["eagle.autotree"] | {"eagle.train.data"})
+    with pytest.raises(AssertionError, match="training / research"):
+        test_inference_never_imports_training_or_research()
+    monkeypatch.setitem(GRAPH, "evaluation.speed", GRAPH["evaluation.speed"] | {"research.paired"})
+    with pytest.raises(AssertionError, match="research campaign"):
+        test_evaluation_never_imports_research()

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from evaluation import paired, speed
+from evaluation import speed
+from research import paired
 from test_speed import _group_file
 
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from eagle.train import corpus as C
+from research import corpus as C
 from eagle.train import features as Fe
 from eagle.train import recall as R
 from eagle.train.train import lookup_hits
@@ -148,7 +148,7 @@ def test_features_cli_recall_view(tiny, tmp_path, capsys):
 
 
 def test_target_top1():
-    from eagle.train.heldout import target_top1
+    from research.heldout import target_top1
 
     w = torch.eye(5)                      # lm_head: hidden one-hot -> that token
     ids = torch.tensor([0, 3, 1, 4])
@@ -159,9 +159,9 @@ def test_target_top1():
 
 
 def test_heldout_cli_recall_view(tiny, tmp_path):
-    """eagle.train.heldout --view recall scores heads on the held-out records' recall sequences."""
+    """research.heldout --view recall scores heads on the held-out records' recall sequences."""
     from eagle.model.head import EagleHead, head_config_from_base
-    from eagle.train import heldout as Ho
+    from research import heldout as Ho
 
     model, tok, folder = tiny
     (tmp_path / "corpus").mkdir()
@@ -194,7 +194,7 @@ def test_heldout_cli_by_kind_splits_positions_by_record_kind(tiny, tmp_path):
     """--by-kind scores each record kind on its own; the kinds' positions add up to the whole set and their
     position-weighted top-1 is the pooled one."""
     from eagle.model.head import EagleHead, head_config_from_base
-    from eagle.train import heldout as Ho
+    from research import heldout as Ho
 
     model, tok, folder = tiny
     (tmp_path / "corpus").mkdir()

@@ -526,7 +526,7 @@ def test_paired_bootstrap_difference_and_standard_error():
     """The paired difference is the difference of pooled rates; identical heads give 0 ± 0; the SE of a
     difference spread over many records matches the analytic SE of a ratio estimator; resampling whole
     records (not sequences) widens it when a record's sequences move together; mismatched positions raise."""
-    from eagle.train.heldout import paired_bootstrap
+    from research.heldout import paired_bootstrap
 
     g = torch.Generator().manual_seed(0)
     S = 400
@@ -629,7 +629,7 @@ def test_autocast_flag_is_checked_before_any_work(tmp_path, capsys):
 
 
 def test_bench_train_step_compares_modes_on_the_same_batches(tiny_base, tiny_data, tmp_path):
-    from evaluation import bench_train_step
+    from research import bench_train_step
 
     data, _ = tiny_data
     head = tmp_path / "head"

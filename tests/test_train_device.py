@@ -8,9 +8,9 @@ import argparse
 import pytest
 import torch
 
-from eagle.train import corpus as C
+from research import corpus as C
 from eagle.train import features as Fe
-from eagle.train import heldout as Ho
+from research import heldout as Ho
 from eagle.train import train as T
 from eagle.train.data import add_device_argument, parse_device
 

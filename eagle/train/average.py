@@ -7,7 +7,7 @@ first head's dtype per tensor); ``config.json`` and ``draft_vocab.safetensors`` 
 head after checking that every head has the same ones. Averaging only makes sense for heads on one
 training path (e.g. a head and its warm-started continuation): their weights sit in one basin, and the
 average usually generalises better than either end point. Whether it did is for
-:mod:`eagle.train.heldout` and the tau measurement to say; this tool only does the arithmetic.
+:mod:`research.heldout` and the tau measurement to say; this tool only does the arithmetic.
 """
 from __future__ import annotations
 

@@ -47,34 +47,14 @@ from pathlib import Path
 
 import torch
 
+from eagle.data.corpus import DEFAULT_PROMPTS, DEFAULT_SPECBENCH, SHARED, load_alpaca  # noqa: F401  (re-exported)
+
 __all__ = ["load_alpaca", "normalise", "dedupe_against_specbench", "plan_shards", "build_shard",
            "shard_paths", "load_shards", "FeatureRows", "feature_rows", "load_base", "DTYPES", "add_fast_cpu_argument", "add_device_argument", "parse_device",
            "parse_worker", "main"]
 
-#: ``shared/`` next to the repository checkout (the team's data folder; pass --prompts / --specbench otherwise)
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-DEFAULT_PROMPTS = str(SHARED / "prompts" / "alpaca_5000.json")
-DEFAULT_SPECBENCH = str(SHARED / "specbench" / "question.jsonl")
-
 
 # ---------------------------------------------------------------------------------------- prompts
-def load_alpaca(path: str | os.PathLike) -> list[dict]:
-    """Alpaca-style records -> ``[{"id": int, "prompt": str, "output": str}]``.
-
-    ``prompt`` = instruction, plus ``"\\n\\n" + input`` when the input is not empty; ``id`` is the
-    record's index in the file.
-    """
-    with open(path) as f:
-        recs = json.load(f)
-    out = []
-    for i, r in enumerate(recs):
-        prompt = r["instruction"].strip()
-        if r.get("input", "").strip():
-            prompt += "\n\n" + r["input"].strip()
-        out.append({"id": i, "prompt": prompt, "output": r.get("output", "").strip()})
-    return out
-
-
 def normalise(text: str) -> str:
     """Lower case, punctuation to spaces, whitespace collapsed (for duplicate detection)."""
     return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())

@@ -1,6 +1,6 @@
 """Draft vocabulary (FR-Spec / EAGLE-3 style): the K most frequent target tokens, stored beside a head.
 
-``python -m eagle.train.draft_vocab --head data/heads/smollm2-135m-eagle [--k 8192] [--data data/distill]``
+``python -m eagle.train.draft_vocab --head eagle/data/heads/smollm2-135m-eagle [--k 8192] [--data data/distill]``
 
 The head's draft law is computed only over these K tokens (the target's lm_head restricted to
 their rows) and is zero elsewhere. Verification stays lossless: every verifier handles draft
@@ -9,7 +9,7 @@ bonus draw over the full target vocabulary); only acceptance can drop, by at mos
 outside the K tokens. Drafting gets cheaper: the draft lm_head reads K rows instead of V.
 
 Token counts come from the answers of the self-distillation corpus (``answer_ids`` of
-:func:`eagle.train.corpus.iter_records`: what the target itself writes, the tokens drafting has to
+:func:`eagle.data.corpus.iter_records`: what the target itself writes, the tokens drafting has to
 predict). When the corpus holds fewer than ``--min-tokens`` answer tokens, the tokenised reference
 outputs of ``shared/prompts/alpaca_5000.json`` are counted as well (needs the base tokenizer).
 
@@ -62,7 +62,7 @@ def corpus_answer_ids(root: str | os.PathLike = DEFAULT_CORPUS) -> Iterable[list
     root = Path(root)
     if not root.exists():
         return
-    from .corpus import iter_records
+    from eagle.data.corpus import iter_records
 
     for rec in iter_records(root):
         if rec.get("split", "train") != "train":
@@ -78,7 +78,7 @@ def corpus_answer_ids(root: str | os.PathLike = DEFAULT_CORPUS) -> Iterable[list
 def alpaca_answer_ids(tokenizer, path: str | os.PathLike | None = None) -> Iterable[list[int]]:
     """Tokenised reference outputs of the Alpaca prompt file (default ``shared/prompts/alpaca_5000.json``
     beside the checkout; no special tokens added)."""
-    from .data import DEFAULT_PROMPTS, load_alpaca
+    from eagle.data.corpus import DEFAULT_PROMPTS, load_alpaca
 
     for r in load_alpaca(path or DEFAULT_PROMPTS):
         if r["output"]:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         count_tokens(corpus_answer_ids(root), vocab, counts)
         if int(counts.sum()) > before:
             sources.append({"corpus": _rel(root), "tokens": int(counts.sum()) - before})
-    from .data import DEFAULT_PROMPTS
+    from eagle.data.corpus import DEFAULT_PROMPTS
 
     args.alpaca = args.alpaca or DEFAULT_PROMPTS
     if int(counts.sum()) < args.min_tokens and Path(args.alpaca).exists():

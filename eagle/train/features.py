@@ -2,7 +2,7 @@
 
 ``python -m eagle.train.features --corpus data/distill --out cache/features [--base default]``
 
-For every corpus shard (``data/distill/<run>/shard_NNNNN.jsonl.gz``, :mod:`eagle.train.corpus`)
+For every corpus shard (``data/distill/<run>/shard_NNNNN.jsonl.gz``, :mod:`eagle.data.corpus`)
 one feature shard is written in the format :func:`eagle.train.train.load_sequences` reads
 (:mod:`eagle.train.data`): ``input_ids`` int32 ``[T]``, ``loss_mask`` uint8 ``[T]`` (1 on the
 target's answer tokens), ``hidden`` float16 ``[T, H]`` (the target's last hidden state after its
@@ -169,7 +169,7 @@ def _shard_number(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns a summary (tokens, seconds, tokens/s)."""
-    from .corpus import DEFAULT_ROOT
+    from eagle.data.corpus import DEFAULT_ROOT
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", default=str(DEFAULT_ROOT), help="corpus folder (data/distill or one run)")

@@ -1,6 +1,6 @@
 """Recall sequences: a derived view of corpus records that trains the head to copy from far back.
 
-Where the default head loses acceptance on Spec-Bench (``evaluation.cycle_losses``; head README,
+Where the default head loses acceptance on Spec-Bench (``research.cycle_losses``; research/head_campaign/head_history.md,
 "After stage 8"): 40% of answer positions continue an n-gram already in the context, and inside
 long verbatim copies 64 or more tokens back (a second-turn answer that repeats the first one, a
 summary quoting the article) stage 8 drafts the next token right only 38% of the time, although the
@@ -69,7 +69,7 @@ def recall_record(rec: dict, kind: str, rng: random.Random, encode_chat: Callabl
     """One recall sequence from a corpus record's first turn, in corpus-record form.
 
     Args:
-        rec: corpus record (:mod:`eagle.train.corpus` format) with ``messages`` and ``turns``.
+        rec: corpus record (:mod:`eagle.data.corpus` format) with ``messages`` and ``turns``.
         kind: one of :data:`RECALL_KINDS`.
         rng: the source of the choices (ask wording, sentence picked).
         encode_chat: messages -> chat-template token ids with the generation prompt.
@@ -130,7 +130,7 @@ def recall_records(records: Sequence[dict], tok, seed: int, max_len: int) -> lis
     Returns:
         Corpus-form records (:func:`recall_record`), in input order.
     """
-    from .corpus import _encode
+    from eagle.data.corpus import encode_chat as _encode
 
     def text_ids(s: str) -> list:
         return [int(t) for t in tok.encode(s, add_special_tokens=False)]

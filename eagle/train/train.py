@@ -113,7 +113,7 @@ def load_sequences(folder: str | os.PathLike, max_len: int = 512, corpus: str | 
     """Split the shards of ``folder`` into sequences.
 
     Args:
-        corpus: the token-id corpus the shards were computed from (:mod:`eagle.train.corpus`); when given,
+        corpus: the token-id corpus the shards were computed from (:mod:`eagle.data.corpus`); when given,
             each sequence also carries its record's ``"kind"`` (:func:`eagle.train.features.sequence_kinds`).
 
     Returns:
@@ -568,7 +568,7 @@ def evaluate(head: EagleHead, lm_head_w: torch.Tensor, seqs: list[dict], batch_t
     copy positions (:func:`lookup_hits`: the drafted token continues an n-gram of the context) and
     over the rest. ``per_sequence`` (needs ``depths > 1``) adds ``"per_sequence"``: int64 tensors
     ``top1_hits``, ``top4_hits`` and ``n``, each ``[depths, len(seqs)]``, the counts behind the rates per
-    sequence of ``seqs`` (in their order), for paired standard errors (:func:`eagle.train.heldout.paired_bootstrap`).
+    sequence of ``seqs`` (in their order), for paired standard errors (:func:`research.heldout.paired_bootstrap`).
     """
     if split_copy and depths < 2:
         raise ValueError("split_copy needs depths >= 2")
@@ -688,7 +688,7 @@ def train(args) -> dict:
     kind_weights = parse_kind_weights(getattr(args, "kind_weights", "") or "")
     corpus = (getattr(args, "corpus", "") or None) if kind_weights else None
     if kind_weights and corpus is None:
-        from eagle.train.corpus import DEFAULT_ROOT as corpus
+        from eagle.data.corpus import DEFAULT_ROOT as corpus
     by_folder = {d: load_sequences(d, args.max_len, corpus=corpus) for d in folders}
     seqs = [s for d in folders for s in by_folder[d]]
     pool = [s for d in val_folders for s in by_folder[d]]
@@ -921,7 +921,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--autocast", choices=("off", "bf16"), default="off",
                     help="bf16: the training step's matrix products in bfloat16 (torch.autocast; weights, optimizer "
                          "state and evaluation stay float32); 1.47x per step measured on a 2-thread AVX512-BF16 CPU "
-                         "(evaluation.bench_train_step)")
+                         "(research.bench_train_step)")
     ap.add_argument("--malloc-trim-steps", type=int, default=8,
                     help="every this many steps hand the allocator's free heap pages back to the system (glibc "
                          "malloc_trim; keeps the resident set near the live data over long runs); 0: never")
