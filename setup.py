@@ -9,7 +9,7 @@ setup(
     package_data={"": ["*.json", "*.safetensors", "*.md"], "eagle.data": ["heads/*/*"]},
     python_requires=">=3.10",
     install_requires=[
-        "torch>=2.1",  # pin torch==2.13.0 yourself on CPU machines (see requirements.txt)
+        "torch>=2.1",  # scripts/install.sh pins torch==2.13.0 only where no torch is installed (scripts/torch_choice.py)
         "transformers>=5.17,<6",  # the oldest version the tests ran with (5.17 and 5.24)
         "gguf>=0.10",
         "accelerate>=1.0",
