@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-__all__ = ["UsageError", "BASELINE", "default_tree", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
+__all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
@@ -76,37 +76,80 @@ def load_plugins(modules: Iterable[str]) -> list[str]:
 
 
 def default_tree(model: str, device: str) -> str:
-    """The tree used when ``--tree`` is not given: ``"auto"`` (fitted to this machine and head,
-    :mod:`eagle.autotree`) for the embedded default model on the CPU, where only a small tree pays
-    for its forward; ``"2x5"`` (the paper's setting) for any other model or on a GPU.
+    """The tree the verifiers are compared on when ``--tree`` is not given: the paper's ``"2x5"``, on
+    every machine (on a chain, or any tree where verifiers coincide, the comparison says nothing).
+    ``model`` and ``device`` are accepted for symmetry with :func:`default_speed_tree`."""
+    return "2x5"
 
-    ``model`` is ``--model`` as given; ``device`` is ``--device`` (``auto`` means CUDA when present).
-    """
+
+def _on_cpu(device: str) -> bool:
     import torch
 
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    return "auto" if model == "default" and on_cpu else "2x5"
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
 
 
-def check_tree(tree: str) -> str:
+def default_speed_tree(model: str, device: str) -> str:
+    """The extra tree of the speed table when ``--speed-tree`` is not given: ``"auto"`` (fitted to this
+    machine and head, :mod:`eagle.autotree`) for the embedded default model on the CPU, where only a
+    small tree pays for its forward; ``"none"`` elsewhere (on a GPU the paper's tree is also the
+    fast one, so the comparison table's tokens/s is the speed table)."""
+    return "auto" if model == "default" and _on_cpu(device) else "none"
+
+
+def default_speed_methods(methods: Sequence[str], temperature: float) -> list[str]:
+    """The methods run on the speed tree by default: UniVer at temperature > 0 (the paper's method),
+    else the first verifier of the run (at temperature 0 all of them run the same ``argmax``)."""
+    verifiers = [m for m in methods if m != BASELINE]
+    if temperature > 0 and "univer" in verifiers:
+        return ["univer"]
+    return verifiers[:1]
+
+
+def coincidence_note(choices, temperature: float, methods: Sequence[str]) -> Optional[str]:
+    """A sentence naming the verifiers that coincide on ``choices`` at ``temperature`` (None when
+    none of the given methods do): at temperature 0 every verifier runs ``argmax``; on a chain
+    (every node one child) Greedy is RRSw (token-wise verification) and UniVer is Traversal (Block
+    Verification), so their rows differ only by sampling noise."""
+    present = [m for m in methods if m != BASELINE]
+    if len(present) < 2:
+        return None
+    if temperature == 0:
+        return ("At temperature 0 every verifier runs the same greedy match (argmax): the rows coincide up to "
+                "timing noise.")
+    from eagle.tree import build_tree
+
+    if all(len(kids) <= 1 for kids in build_tree(choices).children):
+        pairs = [f"{a} = {b}" for a, b in (("greedy", "rrsw"), ("univer", "traversal")) if a in present and b in present]
+        if pairs:
+            return (f"This tree is a chain: {', '.join(pairs)} (token-wise / block verification), so those rows "
+                    "differ only by sampling noise; compare verifiers on a branching tree (--tree 2x5).")
+    return None
+
+
+def check_tree(tree: str, flag: str = "--tree") -> str:
     """A tree name or rank-path list the engine accepts (``mc_sim_7b_63``, ``KxD``, ``chainD``, ``auto``
-    when the engine offers automatic trees).
+    when the engine offers automatic trees); with ``flag="--speed-tree"`` also ``none``.
 
     Raises:
-        UsageError: ``--tree``.
+        UsageError: ``flag``.
     """
+    if tree == "none":
+        if flag == "--speed-tree":
+            return tree
+        raise UsageError(flag, "'none' is only a --speed-tree value")
     if tree == "auto":
         import importlib.util
 
         if importlib.util.find_spec("eagle.autotree") is None:
-            raise UsageError("--tree", "'auto' needs eagle.autotree, which this version does not have")
+            raise UsageError(flag, "'auto' needs eagle.autotree, which this version does not have")
         return tree
     from eagle.tree import build_tree
 
     try:
         build_tree(tree)
     except (ValueError, TypeError) as e:
-        raise UsageError("--tree", str(e)) from None
+        msg = str(e).replace(" or 'chainD'", ", 'chainD' or 'auto' (fitted to this machine and head)")
+        raise UsageError(flag, msg + (" or 'none'" if flag == "--speed-tree" else "")) from None
     return tree
 
 
@@ -361,7 +404,7 @@ def load_model(base_model: str = "default", head: Optional[str] = None, device: 
 
 
 #: what --quick sets (options given explicitly still win)
-QUICK = {"seeds": "0", "per_category": 2, "max_new_tokens": 48, "contexts_per_question": 3, "draws": 1}
+QUICK = {"seeds": "0", "per_category": 2, "max_new_tokens": 24, "contexts_per_question": 2, "draws": 1}
 QUICK_NOTE = ("SMOKE RUN (--quick: {seeds} seed(s), {per_category} question(s) per category group, {max_new} new "
               "tokens per turn): it checks that everything runs; its numbers are not a benchmark")
 
@@ -404,6 +447,8 @@ class Config:
     no_progress: bool
     plots: bool
     draft_vocab: str = "auto"
+    speed_tree: str = "none"
+    speed_methods: list = field(default_factory=list)
 
     def settings(self) -> dict:
         d = asdict(self)
@@ -425,8 +470,14 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--top-p", default=1.0)
     ap.add_argument("--top-k", default=0)
     ap.add_argument("--tree", default=None,
-                    help="auto | mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD (default: auto for the embedded "
-                         "default model on the CPU, 2x5 otherwise)")
+                    help="tree the verifiers are compared on: mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD | auto "
+                         "(default: 2x5, the paper's)")
+    ap.add_argument("--speed-tree", default=None,
+                    help="a second tree for the speed table, sharing plain decoding: auto (fitted to this machine and "
+                         "head) | any --tree value | none (default: auto for the embedded default model on the CPU, "
+                         "none otherwise)")
+    ap.add_argument("--speed-methods", nargs="+", default=None,
+                    help="verifiers run on --speed-tree (default: univer at temperature > 0, else the first method)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="verifiers (default: every registered verifier usable at the temperature); 'naive' is "
                          "the plain-decoding baseline and always runs in the main job")
@@ -476,7 +527,12 @@ def check_arguments(args: argparse.Namespace) -> Config:
     quick = bool(getattr(args, "quick", False))
     model = args.model or getattr(args, "model_pos", None) or "default"
     temp_raw = args.temperature if args.temperature is not None else (getattr(args, "temperature_pos", None) or 1.0)
-    temperature, top_p, top_k = check_sampling(temp_raw, args.top_p, args.top_k)
+    try:
+        temperature, top_p, top_k = check_sampling(temp_raw, args.top_p, args.top_k)
+    except UsageError as e:
+        if e.flag == "--temperature" and args.temperature is None and getattr(args, "temperature_pos", None):
+            raise UsageError("TEMPERATURE (second positional argument)", str(e).split(": ", 1)[1]) from None
+        raise
     seeds = check_seeds(_pick(args.seeds, [QUICK["seeds"]], ["0 1 2"], quick))
     per_cat = _pick(args.per_category, QUICK["per_category"], None, quick)
     per_cat = None if per_cat is None else check_positive_int("--per-category", per_cat)
@@ -488,9 +544,27 @@ def check_arguments(args: argparse.Namespace) -> Config:
     threads = check_positive_int("--threads", args.threads, minimum=0)
     device, dtype = check_device(args.device, args.dtype)
     tree = check_tree(args.tree if args.tree is not None else default_tree(model, device))
+    speed_tree = check_tree(getattr(args, "speed_tree", None) or default_speed_tree(model, device), "--speed-tree")
+    if speed_tree == tree:
+        speed_tree = "none"  # the comparison runs are the speed runs
     plugins = load_plugins(args.plugin)
     methods = check_methods(args.methods, temperature)
-    model = check_model(model)
+    speed_raw = getattr(args, "speed_methods", None)
+    if speed_tree == "none":
+        speed_methods = []
+    elif speed_raw is None:
+        speed_methods = default_speed_methods(methods, temperature)
+    else:
+        try:
+            speed_methods = [m for m in check_methods(speed_raw, temperature) if m != BASELINE]
+        except UsageError as e:
+            raise UsageError("--speed-methods", str(e).split(": ", 1)[1]) from None
+    try:
+        model = check_model(model)
+    except UsageError as e:
+        if args.model is None and getattr(args, "model_pos", None):
+            raise UsageError("MODEL (first positional argument)", str(e).split(": ", 1)[1]) from None
+        raise
     head = check_head(args.head, model)
     template = check_template(args.template, model)
     questions = check_question_file(args.question_file, args.categories, per_cat)
@@ -503,7 +577,7 @@ def check_arguments(args: argparse.Namespace) -> Config:
                   note=QUICK_NOTE.format(seeds=len(seeds), per_category=per_cat, max_new=max_new) if quick else None,
                   contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
                   no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False),
-                  draft_vocab=getattr(args, "draft_vocab", "auto"))
+                  draft_vocab=getattr(args, "draft_vocab", "auto"), speed_tree=speed_tree, speed_methods=speed_methods)
 
 
 def load_checked_model(cfg: Config):

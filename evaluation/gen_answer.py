@@ -308,10 +308,10 @@ RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature
                "method", "draft_vocab")
 
 
-def resolve_tree_choices(model, cfg) -> Optional[list]:
-    """The rank paths of ``cfg.tree`` when it is ``"auto"`` (fitted once per machine and cached,
-    :meth:`EaModel.resolve_tree`; prints the choice and why), else None (a named tree)."""
-    if cfg.tree != "auto":
+def resolve_tree_choices(model, cfg, tree: Optional[str] = None) -> Optional[list]:
+    """The rank paths of ``tree`` (default ``cfg.tree``) when it is ``"auto"`` (fitted once per machine
+    and cached, :meth:`EaModel.resolve_tree`; prints the choice and why), else None (a named tree)."""
+    if (cfg.tree if tree is None else tree) != "auto":
         return None
     choices = model.resolve_tree("auto", cfg.temperature, cfg.top_p, cfg.top_k)
     return [[int(r) for r in path] for path in choices]  # as the answer records store it (JSON lists)

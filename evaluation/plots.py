@@ -81,10 +81,9 @@ def _grouped_bars(ax, groups: list[str], series: list[tuple[str, list, list]], y
     finite = [v for _, vals, _ in series for v in vals if v is not None]
     tops = [v + (e or 0.0) for _, vals, errs in series for v, e in zip(vals, errs) if v is not None]
     bottoms = [v - (e or 0.0) for _, vals, errs in series for v, e in zip(vals, errs) if v is not None]
-    if finite:
-        lo, hi = min(bottoms), max(tops)
-        pad = max(0.05 * (hi - lo), 0.05)
-        ax.set_ylim(max(0.0, lo - 4 * pad), hi + 3 * pad)
+    if finite:  # bars start at 0: a truncated axis exaggerates differences between methods
+        hi = max(tops)
+        ax.set_ylim(0.0, hi * 1.12 + 0.05)
 
 
 def _vals(cells: dict, keys: list[str]):
@@ -93,8 +92,13 @@ def _vals(cells: dict, keys: list[str]):
     return vals, errs
 
 
+def _smoke(title: str, note: Optional[str]) -> str:
+    """The title, prefixed with "SMOKE RUN" when the run carries a smoke-run note."""
+    return f"SMOKE RUN (not a benchmark) — {title}" if note else title
+
+
 def plot_tau_by_group(speed: dict, out_path, temperature: Optional[float] = None, tree: Optional[str] = None,
-                      expected: bool = False) -> Path:
+                      expected: bool = False, note: Optional[str] = None) -> Path:
     """Sampled (or, with ``expected=True``, Rao-Blackwellised) tau per group + Avg, per method, ± SE."""
     t = table1(speed, temperature, tree)
     keys = list(t["groups"])
@@ -108,11 +112,12 @@ def plot_tau_by_group(speed: dict, out_path, temperature: Optional[float] = None
     fig, ax = plt.subplots(figsize=(8, 4))
     _grouped_bars(ax, labels, series, "τ (tokens per target forward)")
     what = "Rao-Blackwellised τ" if expected else "τ"
-    ax.set_title(f"{what} per category group, T={t['temperature']:g}, tree {t['tree']} (± bootstrap SE)")
+    ax.set_title(_smoke(f"{what} per category group, T={t['temperature']:g}, tree {t['tree']} (± bootstrap SE)", note),
+                 fontsize=9)
     return _save(fig, ax, out_path, legend=bool(series))
 
 
-def plot_exact_tau(exact: dict, out_path) -> Path:
+def plot_exact_tau(exact: dict, out_path, note: Optional[str] = None) -> Path:
     """Exact expected tau on shared contexts (:mod:`evaluation.exact_tau` JSON), per group + Avg, ± SE."""
     keys = list(exact["groups"])
     labels = [GROUP_LABELS.get(g, g) for g in keys] + ["Avg"]
@@ -124,32 +129,36 @@ def plot_exact_tau(exact: dict, out_path) -> Path:
         series.append((row["method"], vals, errs))
     fig, ax = plt.subplots(figsize=(8, 4))
     _grouped_bars(ax, labels, series, "E[tokens per cycle]")
-    ax.set_title(f"Exact expected τ on {exact.get('n_contexts', '?')} shared contexts, "
-                 f"T={exact.get('temperature', 0):g}, tree {exact.get('tree')} (± SE over questions)")
+    ax.set_title(_smoke(f"Exact expected τ on {exact.get('n_contexts', '?')} shared contexts, "
+                        f"T={exact.get('temperature', 0):g}, tree {exact.get('tree')} (± SE over questions)", note),
+                 fontsize=9)
     return _save(fig, ax, out_path, legend=bool(series))
 
 
-def plot_speedup(speed: dict, out_path, temperature: Optional[float] = None, tree: Optional[str] = None) -> Path:
-    """Overall speedup over plain decoding per method (± bootstrap SE), dashed line at 1."""
+def plot_speedup(speed: dict, out_path, temperature: Optional[float] = None, tree: Optional[str] = None,
+                 speed_tree: Optional[str] = None, note: Optional[str] = None) -> Path:
+    """Overall speedup over plain decoding per method and tree (± bootstrap SE), dashed line at 1
+    (in the legend, so it covers no bar); ``speed_tree`` adds that tree's runs (labelled by tree)."""
     t = table1(speed, temperature, tree)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    rows = [r for r in t["rows"] if r["speedup"]]
-    for i, r in enumerate(rows):
+    rows = [(r, t["tree"]) for r in t["rows"] if r["speedup"]]
+    if speed_tree is not None:
+        rows += [(r, speed_tree) for r in table1(speed, temperature, speed_tree)["rows"] if r["speedup"]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4))
+    for i, (r, tr) in enumerate(rows):
         se = r["speedup"].get("se")
         ax.bar(i, r["speedup"]["mean"], color=method_color(r["method"]), yerr=None if se is None else se,
-               capsize=3, label=method_label(r["method"]))
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain decoding")
-    ax.annotate("plain decoding", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                textcoords="offset points", ha="right", va="bottom", fontsize=8)
+               capsize=3, hatch="//" if tr != t["tree"] else None, edgecolor="white")
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="plain decoding (1.0)")
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([method_label(r["method"]) for r in rows])
+    ax.set_xticklabels([f"{method_label(r['method'])}\n{tr}" for r, tr in rows], fontsize=8)
     ax.set_ylabel("speedup (tokens/s ÷ plain decoding)")
-    ax.set_title(f"Speedup over plain decoding, T={t['temperature']:g}, tree {t['tree']}")
-    return _save(fig, ax, out_path, legend=False)
+    ax.set_ylim(0.0, max([1.0] + [r["speedup"]["mean"] + (r["speedup"].get("se") or 0) for r, _ in rows]) * 1.15)
+    ax.set_title(_smoke(f"Speedup over plain decoding, T={t['temperature']:g}", note), fontsize=9)
+    return _save(fig, ax, out_path, legend=True)
 
 
 def plot_time_breakdown(speed: dict, out_path, temperature: Optional[float] = None,
-                        tree: Optional[str] = None) -> Optional[Path]:
+                        tree: Optional[str] = None, note: Optional[str] = None) -> Optional[Path]:
     """Stacked shares of the engine's timed parts per method; None when no run has timing."""
     t = table1(speed, temperature, tree)
     rows = [r for r in t["rows"] if r.get("timing")]
@@ -169,7 +178,7 @@ def plot_time_breakdown(speed: dict, out_path, temperature: Optional[float] = No
         lab.set_color(method_color(r["method"]))
     ax.set_ylabel("% of timed seconds")
     ax.set_ylim(0, 100)
-    ax.set_title(f"Where the time goes, T={t['temperature']:g}, tree {t['tree']}")
+    ax.set_title(_smoke(f"Where the time goes, T={t['temperature']:g}, tree {t['tree']}", note), fontsize=9)
     return _save(fig, ax, out_path, legend=True, legend_out=True)
 
 
@@ -242,19 +251,22 @@ def _save(fig, ax, out_path, legend: bool, legend_out: bool = False) -> Path:
 
 
 def main_job_plots(speed: dict, out_dir, exact: Optional[dict] = None, temperature: Optional[float] = None,
-                   tree: Optional[str] = None) -> list[Path]:
+                   tree: Optional[str] = None, note: Optional[str] = None,
+                   speed_tree: Optional[str] = None) -> list[Path]:
     """Every plot of the main job into ``out_dir``: tau_by_group.png, tau_expected_by_group.png (when the
-    engine reported expected tau), exact_tau.png (with ``exact``), speedup.png, time_breakdown.png."""
+    engine reported expected tau), exact_tau.png (with ``exact``), speedup.png (both trees),
+    time_breakdown.png. ``note`` (a smoke run's) marks every title."""
     out_dir = Path(out_dir)
-    paths = [plot_tau_by_group(speed, out_dir / "tau_by_group.png", temperature, tree)]
+    paths = [plot_tau_by_group(speed, out_dir / "tau_by_group.png", temperature, tree, note=note)]
     t = table1(speed, temperature, tree)
     if any(r["avg_tau_expected"] for r in t["rows"]):
-        paths.append(plot_tau_by_group(speed, out_dir / "tau_expected_by_group.png", temperature, tree, expected=True))
+        paths.append(plot_tau_by_group(speed, out_dir / "tau_expected_by_group.png", temperature, tree, expected=True,
+                                       note=note))
     if exact is not None:
-        paths.append(plot_exact_tau(exact, out_dir / "exact_tau.png"))
-    if any(r["speedup"] for r in t["rows"]):
-        paths.append(plot_speedup(speed, out_dir / "speedup.png", temperature, tree))
-    tb = plot_time_breakdown(speed, out_dir / "time_breakdown.png", temperature, tree)
+        paths.append(plot_exact_tau(exact, out_dir / "exact_tau.png", note=note))
+    if any(r["speedup"] for r in t["rows"]) or speed_tree is not None:
+        paths.append(plot_speedup(speed, out_dir / "speedup.png", temperature, tree, speed_tree=speed_tree, note=note))
+    tb = plot_time_breakdown(speed, out_dir / "time_breakdown.png", temperature, tree, note=note)
     if tb is not None:
         paths.append(tb)
     return paths

@@ -49,6 +49,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -152,10 +153,11 @@ def question_speed(choice: dict) -> float:
     return float(sum(choice["new_tokens"])) / t if t > 0 else float("nan")
 
 
-def group_tau(records: Sequence[dict], key: str = "accept_lengths") -> float:
-    """THE tau of a set of questions: mean over all their decoding steps (NaN without steps)."""
+def group_tau(records: Sequence[dict], key: str = "accept_lengths") -> Optional[float]:
+    """THE tau of a set of questions: mean over all their decoding steps (None without steps: every
+    answer ended at its first token, e.g. an immediate EOS; tau is undefined there, not NaN)."""
     vals = [x for r in records for x in flat_accept_lengths(r["choices"][0], key)]
-    return float(sum(vals)) / len(vals) if vals else float("nan")
+    return float(sum(vals)) / len(vals) if vals else None
 
 
 def order_groups(groups: Iterable[str]) -> list[str]:
@@ -192,12 +194,16 @@ def run_metrics(records: Sequence[dict]) -> dict[str, dict]:
     cats = list(out)
     allq = _set_stats(records)
 
-    def _mean(k):
-        vals = [out[g][k] for g in cats]
+    empty = [g for g in cats if out[g]["n_steps"] == 0]
+
+    def _mean(k):  # groups without decoding steps have no tau: Avg is over the others (listed in the JSON)
+        vals = [out[g][k] for g in cats if not (k != "speed" and g in empty)]
         return None if not vals or any(v is None for v in vals) else float(np.mean(vals))
 
     totals = {k: allq[k] for k in ("n_questions", "n_steps", "new_tokens", "wall_time")}
     out["avg"] = {"tau": _mean("tau"), "tau_expected": _mean("tau_expected"), "speed": _mean("speed"), **totals}
+    if empty:
+        out["avg"]["groups_without_steps"] = empty
     out["pooled"] = {"tau": allq["tau"], "tau_expected": allq["tau_expected"], "speed": allq["speed"], **totals}
     out["overall"] = {"tau": out["avg"]["tau"], "tau_expected": out["avg"]["tau_expected"], "speed": allq["speed"],
                       **totals}
@@ -261,9 +267,12 @@ def bootstrap_run_set(runs: dict[str, Sequence[dict]], n_boot: int = 1000, seed:
             speed = np.array([arr[q]["speed"] for q in qs])[draws[g]]
             res[g] = {"tau": tau, "tau_expected": etau, "speed": speed.mean(1), "speed_sum": speed.sum(1),
                       "n": np.full(n_boot, len(qs))}
-        res["avg"] = {"tau": np.mean([res[g]["tau"] for g in groups], axis=0),
-                      "tau_expected": None if any(res[g]["tau_expected"] is None for g in groups)
-                      else np.mean([res[g]["tau_expected"] for g in groups], axis=0),
+        with warnings.catch_warnings():  # a group without steps is NaN in every resample: left out of Avg
+            warnings.simplefilter("ignore", RuntimeWarning)
+            avg_tau = np.nanmean([res[g]["tau"] for g in groups], axis=0)
+            avg_etau = (None if any(res[g]["tau_expected"] is None for g in groups)
+                        else np.nanmean([res[g]["tau_expected"] for g in groups], axis=0))
+        res["avg"] = {"tau": avg_tau, "tau_expected": avg_etau,
                       "speed": np.mean([res[g]["speed"] for g in groups], axis=0)}
         res["overall"] = {"tau": res["avg"]["tau"], "tau_expected": res["avg"]["tau_expected"],
                           "speed": sum(res[g]["speed_sum"] for g in groups) / sum(len(idx[g]) for g in groups)}
@@ -502,7 +511,7 @@ def run_line(run: dict) -> str:
     parts = [f"{label:>18} T={run['temperature']:g} seeds={run['seeds']}:",
              f"Avg tau {_pm(avg.get('tau'))}"]
     if avg.get("tau_expected"):
-        parts.append(f"(exact E {_pm(avg.get('tau_expected'), 3)})")
+        parts.append(f"(Rao-Blackwellised {_pm(avg.get('tau_expected'), 3)})")
     parts.append(f"[all steps pooled {_pm(pooled.get('tau'))}]")
     parts.append(f"tokens/s {_pm(ov.get('speed'), 1)}")
     if ov.get("speedup"):

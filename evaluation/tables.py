@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 from evaluation.arguments import PAPER_METHODS
 
-__all__ = ["METHOD_LABELS", "GROUP_LABELS", "PART_LABELS", "method_label", "order_methods", "table1",
+__all__ = ["METHOD_LABELS", "GROUP_LABELS", "PART_LABELS", "method_label", "order_methods", "table1", "tree_label", "render_speed_table",
            "render_table1", "render_timing", "table3", "render_table3", "main"]
 
 #: display names; a verifier without an entry is shown by its registry name
@@ -160,9 +160,11 @@ def render_table1(t: dict, note: Optional[str] = None) -> str:
     Rao-Blackwellised table and the time breakdown. Ends in a newline."""
     nq = t.get("n_questions") or {}
     nq_txt = ", ".join(f"{GROUP_LABELS.get(g, g)} {n}" for g, n in nq.items())
-    title = (f"Temperature {t['temperature']:g}, tree {t['tree']}: τ = mean accepted tokens per decoding step "
+    title = (f"Temperature {t['temperature']:g}, tree {tree_label(t)}: τ = mean accepted tokens per decoding step "
              f"(accepted draft tokens + 1), per category group; Avg = mean of the groups")
     lines = ([f"**{note}**", ""] if note else []) + [title, ""]
+    if t.get("coincide"):
+        lines += [f"**{t['coincide']}**", ""]
     lines += _tau_table(t, "tau", "avg_tau", "delta_pct")
     lines.append("")
     b = t["baseline"]
@@ -186,6 +188,32 @@ def render_table1(t: dict, note: Optional[str] = None) -> str:
     timing = render_timing(t)
     if timing:
         lines += ["", timing.rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def tree_label(t: dict) -> str:
+    """``2x5``, or ``auto (8 nodes, depth 3: [[0], [0, 0], ...])`` for a fitted tree with its choices."""
+    choices = t.get("tree_choices")
+    if not choices:
+        return str(t["tree"])
+    depth = max(len(c) for c in choices)
+    return f"{t['tree']} ({len(choices)} nodes, depth {depth}: {choices})"
+
+
+def render_speed_table(t: dict, note: Optional[str] = None) -> str:
+    """Markdown of the speed table: :func:`table1`'s result on the speed tree, tokens/s and speedup
+    over plain decoding (interleaved with it question by question), τ for reference. Ends in a newline."""
+    lines = ([f"**{note}**", ""] if note else [])
+    lines += [f"Speed on the tree fitted to this machine: temperature {t['temperature']:g}, tree {tree_label(t)}", "",
+              "| Method | Avg τ | Tokens/s | Speedup |", "|---|---:|---:|---:|"]
+    b = t["baseline"]
+    if b is not None:
+        lines.append(f"| plain decoding | 1.00 | {_cell(b['tokens_per_s'], 1)} | 1.00x |")
+    for row in t["rows"]:
+        lines.append(f"| {method_label(row['method'])} | {_cell(row['avg_tau'], 2)} | {_cell(row['tokens_per_s'], 1)} | "
+                     f"{_cell(row['speedup'], 2, 'x')} |")
+    lines += ["", "Speedup = tokens/s over plain decoding's on the same questions (± bootstrap SE over questions); "
+                  "the verifiers are compared in Table 1, on the paper's tree."]
     return "\n".join(lines) + "\n"
 
 

@@ -7,8 +7,12 @@
 #   TEMPERATURE  sampling temperature (default 1.0)
 # Options (all checked before any work: a bad value fails in seconds with one line naming the flag):
 #   --head PATH            EAGLE-1 head folder or hub id (required for a non-default MODEL)
-#   --tree T               auto | mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD   (default: auto for the
-#                          embedded default model on the CPU, fitted once per machine and cached; else 2x5)
+#   --tree T               tree the verifiers are compared on: mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD |
+#                          auto   (default: 2x5, the paper's)
+#   --speed-tree T         a second tree for the speed table, sharing plain decoding: auto | a --tree value |
+#                          none   (default: auto = fitted to this machine and head, for the embedded default on
+#                          the CPU; none elsewhere)
+#   --speed-methods "univer"  verifiers run on --speed-tree (default: univer at T > 0, else the first method)
 #   --seeds "0 1 2"        seeds (default "0 1 2")
 #   --per-category N       N questions per category group (mt_bench: N in total over its 8 sub-categories);
 #                          default: all 480 questions
@@ -29,9 +33,10 @@
 #   --draws N              exact tau: tree draws per drafting rule and context (default 1)
 #   --bootstrap N          bootstrap resamples over questions (default 1000)
 #   --device, --dtype      auto (CUDA + float16 when available, else CPU + float32)
-#   --quick                SMOKE RUN: 1 seed, 2 questions per group, 48 new tokens, 3 exact-tau contexts
+#   --quick                SMOKE RUN: 1 seed, 2 questions per group, 24 new tokens, 2 exact-tau contexts
 #                          per question; options given explicitly win. Labelled as a smoke run everywhere.
-# Outputs in DIR: answers/*.jsonl (Spec-Bench format + provenance), speed.json, table1.md/.json,
+# --help (anywhere on the line) prints every option.
+# Outputs in DIR: answers/*.jsonl (Spec-Bench format + provenance), speed.json, table1.md/.json, speed_table.md,
 #   exact_tau.md/.json, tau_by_group.png, tau_expected_by_group.png, exact_tau.png, speedup.png,
 #   time_breakdown.png, run.json (settings, provenance, seconds per stage).
 set -euo pipefail
@@ -39,6 +44,5 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="python"; fi
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0; fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PY" -m evaluation.specbench "$@"

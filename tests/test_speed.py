@@ -183,3 +183,21 @@ def test_two_seeds_two_methods_errors_combine(tmp_path):
     r = rrsw["summary"]["avg"]["tau"]
     unpaired = 100 * math.sqrt(2) * r["se"] / r["mean"]
     assert delta["se"] < 0.15 * unpaired and rrsw["delta_pct"] is None
+
+
+def test_group_without_decoding_steps_is_not_nan(tmp_path):
+    """A group whose only answer ended at its first token (e.g. an immediate EOS) has no steps: its tau is
+    None (not NaN, which is not JSON), Avg is the mean of the other groups and names the empty one."""
+    d = tmp_path / "answers"
+    d.mkdir()
+    _write(d / "naive-temp1-seed0.jsonl", [_rec(81, "writing", "naive", 0, [1], [0.1], [[]]),
+                                            _rec(161, "translation", "naive", 0, [4], [0.4], [[1, 1, 1]])])
+    _write(d / "univer-temp1-2x5-seed0.jsonl", [_rec(81, "writing", "univer", 0, [1], [0.1], [[]]),
+                                                 _rec(161, "translation", "univer", 0, [4], [0.2], [[2, 1]])])
+    sp = speed.summarize(speed.collect_runs([d]), n_boot=50)
+    text = json.dumps(sp)
+    assert "NaN" not in text
+    run = next(r for r in sp["runs"] if r["method"] == "univer")
+    seed0 = run["per_seed"]["0"]
+    assert seed0["mt_bench"]["tau"] is None
+    assert seed0["avg"]["tau"] == pytest.approx(1.5) and seed0["avg"]["groups_without_steps"] == ["mt_bench"]
