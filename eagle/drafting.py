@@ -18,7 +18,7 @@ import torch
 
 from .model.kv_cache import cache_length, truncate_cache
 from .model.packed_linear import packed_rows
-from .sampling import SamplingConfig, check_logits, logits_to_probs
+from .sampling import SamplingConfig, logits_to_probs
 from .tree import TreeBuffers, TreeStructure, additive_mask, tree_structure
 from .rules import draw_children
 
@@ -160,9 +160,8 @@ class EagleTreeDrafter:
         hidden[0] = root_hidden
         vocab = self.lm_head.weight.shape[0]
         draft_probs = torch.zeros(n, vocab, dtype=torch.float32, device=device)
-        # on an accelerator the draft logits' finiteness is checked with the one sync below (a check per
-        # level would wait for the device each time); on the CPU a sync costs nothing: check at once
-        defer_check = device.type != "cpu"
+        # the draft logits' finiteness is checked with the one sync below (a check per level would wait
+        # for the device each time)
         extremes = []  # (min, max) of every level's logits
         mask_dtype = self.head.fc.weight.dtype
         try:
@@ -176,11 +175,9 @@ class EagleTreeDrafter:
                                     cache=head_cache)
                     hidden[expand] = out[0]
                 logits, d2t = self._draft_logits(hidden[expand])  # [e, K]
-                if defer_check:  # NaN/inf reported after the one sync below; draw from finite stand-ins
-                    extremes.append(torch.stack(torch.aminmax(logits)))
-                    logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
-                else:
-                    check_logits(logits, "draft logits (head output)")
+                # NaN/inf reported after the one sync below; draw from finite stand-ins
+                extremes.append(torch.stack(torch.aminmax(logits)))
+                logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
                 if cfg.greedy:
                     q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
                 else:

@@ -19,7 +19,8 @@ import torch
 
 
 __all__ = ["DRAFTING_RULES", "draw_children", "stable_topk", "residual_draft", "remaining_mass", "remaining_masses",
-           "children_law", "scaled_residual", "SCALE_CAP_F32", "BLOCK_ELEMENTS"]
+           "children_law", "positive_part", "removed_mask", "BLOCK_ELEMENTS",
+           "LAMBDA_CAP"]
 
 #: elements per row block of the batched passes (4 MiB in float32: stays in cache on CPU)
 BLOCK_ELEMENTS = 1 << 20
@@ -56,7 +57,7 @@ def residual_draft(q: torch.Tensor, top_tokens: torch.Tensor) -> torch.Tensor:
     set to 0 and renormalised. Rows with no mass left come back all zero (never NaN)."""
     r = q.clone()
     if top_tokens.numel():
-        r.masked_fill_(_removed_mask(r, top_tokens.clamp(min=0), top_tokens >= 0), 0.0)
+        r.masked_fill_(removed_mask(r, top_tokens.clamp(min=0), top_tokens >= 0), 0.0)
     s = r.sum(-1, keepdim=True)
     return torch.where(s > 0, r / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(r))
 
@@ -84,26 +85,24 @@ def remaining_masses(q: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor
             within a row; remove: bool ``[k, r]``.
 
     Returns:
-        float64 ``[k]``. On CPU: ``sum(q) - q(removed)`` where that keeps at least half the row's
-        mass (the difference then loses at most one bit to cancellation), and the remaining
-        entries summed directly (a masked copy, in cache-sized row blocks) for the other rows.
-        Elsewhere: the masked sum for every row, in one pass (no host synchronisation).
+        float64 ``[k]``: the remaining entries summed directly (a masked copy; on CPU in cache-sized
+        row blocks through one reused buffer). No host synchronisation on any device.
     """
     k, V = q.shape
-    f64 = torch.float64
-    if q.device.type != "cpu":  # one masked copy of every row
-        return _masked_sums(q.clone(), tokens, remove)
-    total = q.sum(1).to(f64)
-    out = total - (q.gather(1, tokens).to(f64) * remove).sum(1)
-    risky = (out < 0.5 * total).nonzero().flatten().tolist()
     per = max(1, BLOCK_ELEMENTS // max(V, 1))  # rows per block
-    for b0 in range(0, len(risky), per):
-        rows = torch.tensor(risky[b0: b0 + per], dtype=torch.long, device=q.device)
-        out[rows] = _masked_sums(q.index_select(0, rows), tokens.index_select(0, rows), remove.index_select(0, rows))
+    if q.device.type != "cpu" or k <= per:  # one masked copy of every row
+        return _masked_sums(q.clone(), tokens, remove)
+    out = torch.empty(k, dtype=torch.float64, device=q.device)
+    buf = torch.empty(per, V, dtype=q.dtype, device=q.device)
+    for r0 in range(0, k, per):
+        r1 = min(k, r0 + per)
+        sub = buf[: r1 - r0]
+        sub.copy_(q[r0:r1])
+        out[r0:r1] = _masked_sums(sub, tokens[r0:r1], remove[r0:r1])
     return out
 
 
-def _removed_mask(like: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+def removed_mask(like: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
     """Bool ``[..., V]`` (shape of ``like``): True at ``tokens[..., j]`` where ``remove[..., j]``.
 
     Built with an additive scatter, which is exact whatever the order of the writes. A plain
@@ -119,7 +118,7 @@ def _removed_mask(like: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor
 
 def _masked_sums(sub: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
     """Row sums of ``sub`` (a copy, modified in place) with the removed tokens zeroed (float64)."""
-    sub.masked_fill_(_removed_mask(sub, tokens, remove), 0.0)
+    sub.masked_fill_(removed_mask(sub, tokens, remove), 0.0)
     return sub.sum(1).to(torch.float64)
 
 
@@ -207,18 +206,29 @@ def children_law(q: torch.Tensor, m: int, rule: str) -> list[tuple[tuple[int, ..
     return [(top + (x,), qv[x] / mass) for x in rest]
 
 
-#: largest scale applied to a float32 row in place; larger ones (a residual draft mass below ~1e-30,
-#: e.g. denormal, as at low temperatures) are applied in float64, where 1 / (smallest float32) fits
-SCALE_CAP_F32 = 1e30
+#: cap on the factor lam of :func:`positive_part` where it is the inverse of a small probability mass
+#: (UniVer's c / p~, Traversal's Pm / (alpha Qm)). A nonzero float32 draft entry is at least 1.4e-45, so
+#: lam > 1e60 makes lam q(x) > 1e15 wherever q(x) > 0: max(B - lam q, 0) with B <= 1 is then exactly B
+#: where q = 0 and 0 elsewhere, as with any larger lam (float64 laws: UniVer's S = p~ sum max(B - lam q, 0)
+#: changes by less than p~ < 1e-15 there)
+LAMBDA_CAP = 1e60
 
 
-def scaled_residual(p: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
-    """``max(p - scale * q, 0)`` for rows ``p``, ``q`` (``[..., V]``) and a float ``scale >= 0``.
+def positive_part(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``max(B - lam q, 0)`` row by row, in the dtype of ``B``, with no host synchronisation.
 
-    Computed in the rows' dtype while ``scale`` <= :data:`SCALE_CAP_F32` (or the rows are float64),
-    else in float64 (``scale`` up to 1 / 1.4e-45 there), so the residual of a denormal draft mass
-    is exact instead of an overflow. Returns a new tensor (float64 in the second case).
+    Args:
+        B, q: float ``[..., V]`` (same dtype and device); lam: ``[..., 1]`` tensor, >= 0, of that
+            dtype or float64 (up to :data:`LAMBDA_CAP`); out: optional buffer shaped as ``B``.
+
+    A float64 ``lam`` with float32 rows is applied as two float32 factors sqrt(lam) (q times the
+    first, then the second), each <= 1e30: lam beyond float32's range (the inverse of a denormal
+    residual mass, as at low temperatures) stays exact, never inf * 0.
     """
-    if scale <= SCALE_CAP_F32 or p.dtype == torch.float64:
-        return torch.add(p, q, alpha=-scale).clamp_(min=0)
-    return torch.add(p.double(), q.double(), alpha=-scale).clamp_(min=0)
+    if lam.dtype == B.dtype:
+        return torch.addcmul(B, q, lam, value=-1.0, out=out).clamp_(min=0)
+    lam = lam.to(torch.float64)
+    lam1 = lam.sqrt()
+    lam2 = (lam / lam1.clamp_min(1e-300)).to(B.dtype)
+    qb = torch.mul(q, lam2, out=out)
+    return torch.addcmul(B, qb, lam1.to(B.dtype), value=-1.0, out=out).clamp_(min=0)

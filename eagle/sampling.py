@@ -11,7 +11,8 @@ import numbers
 
 import torch
 
-__all__ = ["SamplingConfig", "logits_to_probs", "check_logits", "sample_from", "sample_with_uniform", "greedy_token"]
+__all__ = ["SamplingConfig", "logits_to_probs", "check_logits", "sample_from", "sample_with_uniform", "draw_with_uniforms",
+           "greedy_token"]
 
 
 class SamplingConfig:
@@ -123,17 +124,35 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -
     return out.reshape(probs.shape[:-1])
 
 
+def draw_with_uniforms(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws on the rows' device, with no host synchronisation.
+
+    Args:
+        rows: non-negative float ``[..., V]`` (need not be normalised); u: float ``[...]`` uniforms
+            in [0, 1) on the same device (float64 as the verifiers draw them).
+
+    Returns:
+        LongTensor ``[...]``: per row the first token x with cdf(x) > u * total. A zero-probability
+        token is never returned when the row has mass (where u * total rounds up to the total, the
+        last token with positive probability); a row without mass gives 0 (callers fall back first).
+    """
+    V = rows.shape[-1]
+    flat = rows.reshape(-1, V)
+    cdf = torch.cumsum(flat, -1)
+    x = (u.reshape(-1, 1).to(torch.float64) * cdf[:, -1:].to(torch.float64)).to(cdf.dtype)
+    i = torch.searchsorted(cdf, x, right=True).squeeze(-1)
+    ids = torch.arange(V, device=rows.device)
+    last = torch.where(flat > 0, ids, torch.zeros_like(ids)).amax(-1)  # the last positive token (0 if none)
+    return torch.minimum(i, last).reshape(rows.shape[:-1])
+
+
 def sample_with_uniform(row: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw of one token from a non-negative row ``[V]`` (need not be normalised).
 
     ``u`` in [0, 1) is the uniform; a pure function, so verifiers can take their uniforms as input.
-    A zero-probability token is never returned. Raises ``ValueError`` if the row has no mass.
+    The host form of :func:`draw_with_uniforms` (two host reads). A zero-probability token is never
+    returned. Raises ``ValueError`` if the row has no mass.
     """
-    cdf = torch.cumsum(row, 0)
-    total = float(cdf[-1])
-    if not total > 0:
+    if not float(row.sum()) > 0:
         raise ValueError("cannot sample from a row with no positive mass")
-    i = int(torch.searchsorted(cdf, torch.tensor([u * total], dtype=cdf.dtype, device=cdf.device), right=True))
-    if i >= row.numel():  # only when u * total rounds up to the total
-        i = int((row > 0).nonzero()[-1, 0])
-    return i
+    return int(draw_with_uniforms(row, torch.full((), u, dtype=torch.float64, device=row.device)))

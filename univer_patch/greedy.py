@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from eagle.rules import remaining_mass, scaled_residual
-from eagle.sampling import sample_with_uniform
-from eagle.tree.structure import TreeStructure
+from eagle.rules import positive_part, remaining_mass, remaining_masses, removed_mask
+from eagle.sampling import draw_with_uniforms
+from eagle.tree.structure import TreeStructure, device_tables
 from eagle.verify.registry import Verifier, register_verifier
 
 __all__ = ["greedy_kernel", "greedy_law", "single_step_plan", "VERIFIER"]
@@ -62,40 +62,60 @@ def single_step_plan(B: torch.Tensor, q: torch.Tensor, child_tokens: list[int]) 
 
 
 def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  uniforms: torch.Tensor) -> tuple[int, int]:
-    """One Greedy-method decision as a pure function of ``uniforms`` (float ``[N, 2]``).
+                  uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Greedy-method decision as a pure function of ``uniforms``, on the laws' device with no host read.
 
-    Returns ``(node_index, next_token)``.
+    Args:
+        tokens: LongTensor ``[N]``; target_probs, draft_probs: float ``[N, V]``; uniforms: float64
+            ``[N, 2]`` (see the module docstring).
+
+    Returns:
+        ``(node, y)``: 0-d LongTensors. One step per depth at the current node v (a device scalar):
+        c = 1 / M_s mass off the top-(m-1) tokens, Q = c M_s there; accept u_m with
+        a_m = min(1, B(u_m) / Q(u_m)); else x ~ norm(max(B - Q, 0)) with B kept on the top tokens
+        (the single-step plan, :func:`single_step_plan`); move to x if it is a top child. A node
+        where the walk stopped stays (its later steps are computed and discarded).
     """
-    tok = tokens.tolist()
-    u = uniforms.tolist()
-    v = 0
-    while True:
-        ch = st.children[v]
-        B = target_probs[v]
-        if not ch:
-            return v, sample_with_uniform(B, u[v][1])
-        q = draft_probs[v]
-        ctok = [tok[c] for c in ch]
-        top, last = ctok[:-1], ctok[-1]
-        c, a = _residual_parts(B, q, top, last)
-        if u[ch[-1]][0] < a:
-            v = ch[-1]
-            continue
-        r = scaled_residual(B, q, c)  # max(B - Q, 0) off the top tokens
-        if top:
-            r[top] = B[top].to(r.dtype)  # Q = 0 there
-        r[last] = 0.0  # a < 1 means B(u_m) < Q(u_m)
-        if not float(r.sum()) > 0:  # the residual is below rounding (B ~ Q); as single_step_plan
-            r = B.clone()
-            r[ctok] = 0.0
-            if not float(r.sum()) > 0:
-                return v, sample_with_uniform(B, u[v][1])
-        x = sample_with_uniform(r, u[v][1])
-        if x in top:
-            v = ch[top.index(x)]
-            continue
-        return v, x
+    dev = target_probs.device
+    tab = device_tables(st.parents, str(dev))
+    tokens, u0, u1 = tokens.to(dev), uniforms[:, 0], uniforms[:, 1]
+    v = torch.zeros(1, dtype=torch.long, device=dev)
+    stopped = torch.zeros(1, dtype=torch.bool, device=dev)
+    y = torch.zeros(1, dtype=torch.long, device=dev)
+    for w in tab.width:
+        B = target_probs.index_select(0, v)  # [1, V]
+        x_leaf = draw_with_uniforms(B, u1.index_select(0, v))
+        if w == 0:  # only leaves at this depth
+            y = torch.where(stopped, y, x_leaf)
+            break
+        ch = tab.children.index_select(0, v)[:, :w]  # [1, w], -1 = none
+        m = tab.num_children.index_select(0, v)  # [1]
+        cols = torch.arange(w, device=dev)
+        valid = ch >= 0
+        ctok = tokens[ch.clamp(min=0)]
+        top, is_last = valid & (cols < m - 1), valid & (cols == m - 1)
+        q = draft_probs.index_select(0, v)
+        c = 1.0 / remaining_masses(q, ctok, top).clamp_min(1e-300)  # [1] float64
+        last_c = torch.where(is_last, ch, 0).sum(1)  # u_m (0 at a leaf)
+        last_t = tokens[last_c]
+        Q_last = c * q.gather(1, last_t.view(1, 1))[:, 0].double()
+        a = torch.where(Q_last > 0, B.gather(1, last_t.view(1, 1))[:, 0].double() / Q_last.clamp_min(1e-300), 0.0)
+        accept = (m > 0) & (u0.index_select(0, last_c) < a.clamp(max=1.0))
+        # x ~ norm(max(B - Q, 0)) (Q = 0 on the top tokens, B(u_m) < Q(u_m) after a rejection)
+        r = positive_part(B, q, c.view(1, 1))
+        r = torch.where(removed_mask(r, ctok, top), B, r).masked_fill(removed_mask(r, ctok, is_last), 0.0)
+        off = B.masked_fill(removed_mask(B, ctok, valid), 0.0)  # the residual is below rounding (B ~ Q)
+        has_r, has_off = r.sum(1) > 0, off.sum(1) > 0
+        x = draw_with_uniforms(torch.where(has_r[:, None], r, torch.where(has_off[:, None], off, B)),
+                               u1.index_select(0, v))
+        hit = top & (ctok == x[:, None]) & (has_r | has_off)[:, None]
+        moves = (m > 0) & (accept | hit.any(1))
+        nxt = torch.where(accept, last_c, torch.where(hit, ch, 0).sum(1))
+        ends = ~stopped & ~moves
+        y = torch.where(ends, torch.where(m > 0, x, x_leaf), y)
+        stopped = stopped | ends
+        v = torch.where(stopped, v, nxt)
+    return v[0], y[0]
 
 
 def greedy_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,

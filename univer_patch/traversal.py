@@ -15,138 +15,115 @@ from __future__ import annotations
 
 import torch
 
-from eagle.rules import SCALE_CAP_F32, scaled_residual
-from eagle.sampling import sample_with_uniform
+from eagle.rules import LAMBDA_CAP, positive_part
+from eagle.sampling import draw_with_uniforms
 from eagle.tree.structure import TreeStructure
 from eagle.verify.registry import Verifier, register_verifier
 
 __all__ = ["traversal_kernel", "traversal_law", "VERIFIER"]
 
 
-class _State:
-    """Mutable per-node state of one traversal (only nodes whose laws changed hold copies)."""
+def _tests(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+           broken: str = ""):
+    """The tests of one traversal, in order: yields ``(u, alpha(u), P(u))`` per node u in post-order.
 
-    __slots__ = ("st", "tok", "P", "Pm", "Q", "Qm", "alpha", "remaining", "target", "draft", "broken")
+    Every rejection leads to the same next state, so the tested nodes are the post-order itself (a
+    rejected node is deleted and the next remaining node in post-order is first) and the states are
+    those after rejecting every earlier node, whatever the coins: a static sequence of device
+    operations, with no host read. alpha(u) (float64 ``[1]``) is computed when u's subtree is
+    entered (its parent's state does not change while the subtree is processed, so this is the value
+    of every recomputation below the parent), then updated by the rejections of u's children:
+    with S = sum_x max(alpha(v) P(v)(x) - Q(v)(x), 0) at the parent v of a rejected u,
+    P(v) <- norm(max(alpha(v) P(v) - Q(v), 0)), Q(v) <- Q(v) without x_u renormalised,
+    alpha(v) <- S / (S + 1 - alpha(v)). P(u) (``[1, V]``, unnormalised) is the law of y if u is
+    accepted; the root comes last with alpha 1.
 
-    def __init__(self, st: TreeStructure, tok: list[int], target: torch.Tensor, draft: torch.Tensor, broken: str = ""):
-        self.st, self.tok, self.target, self.draft, self.broken = st, tok, target, draft, broken
-        self.P: dict[int, torch.Tensor] = {}  # node -> unnormalised current target row
-        self.Pm: dict[int, float] = {}  # its mass
-        self.Q: dict[int, torch.Tensor] = {}  # node -> draft row with removed tokens zeroed
-        self.Qm: dict[int, float] = {}  # its mass
-        self.alpha = [0.0] * st.num_nodes
-        self.remaining = [list(c) for c in st.children]
-        self.alpha[0] = 1.0
-        n = st.num_nodes
-        if n > 1:  # initial alphas: one gather per tensor, then a top-down pass over the tree
-            par = torch.tensor(st.parents[1:], dtype=torch.long, device=target.device)
-            tt = torch.tensor(tok[1:], dtype=torch.long, device=target.device)
-            ratio = (target[par, tt] / draft[par, tt]).tolist()
-            for i in range(1, n):
-                self.alpha[i] = min(1.0, self.alpha[st.parents[i]] * ratio[i - 1])
+    Rows are kept unnormalised with their masses (P = P_raw / Pm, Q = Q_raw / Qm, Qm summed directly):
+    max(al P - Q, 0) = (al / Pm) max(P_raw - lam Q_raw, 0) with lam = Pm / (al Qm), capped at
+    :data:`~eagle.rules.LAMBDA_CAP` (exact there: P_raw <= 1, see :func:`~eagle.rules.positive_part`).
+    ``broken`` (test-only): ``"no_alpha_update"`` keeps alpha(v) after a child's rejection.
+    """
+    dev = target_probs.device
+    f64 = torch.float64
+    tokens = tokens.to(dev)
+    one = torch.ones(1, 1, dtype=f64, device=dev)
+    P = {v: target_probs[v:v + 1] for v in range(st.num_nodes)}  # views until a rejection replaces them
+    Q = {v: draft_probs[v:v + 1] for v in range(st.num_nodes)}
+    Pm, Qm = {}, {}
+    alpha = {0: one[0]}
 
-    def p_of(self, v: int, x: int) -> float:
-        return float(self.P[v][x]) / self.Pm[v] if v in self.P else float(self.target[v, x])
+    def visit(u: int):
+        if u:  # enter u: alpha(u) = min(1, alpha(v) P(v)(x_u) / Q(v)(x_u)) with v's current state
+            v, t = st.parents[u], tokens[u:u + 1].view(1, 1)
+            pt = P[v].gather(1, t).to(f64) / Pm.get(v, one)
+            qt = Q[v].gather(1, t).to(f64) / Qm.get(v, one)
+            alpha[u] = torch.where(qt > 0, alpha[v] * pt / qt.clamp_min(1e-300), 0.0).clamp(max=1.0)[0]
+        for c in st.children[u]:
+            yield from visit(c)
+        yield u, alpha[u], P[u]
+        if u:  # u rejected: update its parent v (used only when u was rejected)
+            v, t = st.parents[u], tokens[u:u + 1].view(1, 1)
+            al, pm, qm = alpha[v].view(1, 1), Pm.get(v, one), Qm.get(v, one)
+            lam = (pm / (al * qm).clamp_min(1e-300)).clamp(max=LAMBDA_CAP)
+            r = positive_part(P[v], Q[v], lam)
+            r_mass = r.sum(1, keepdim=True, dtype=f64)
+            S = al / pm * r_mass
+            keep = S > 0  # S = 0: alpha(v) = 0 (v can no longer be accepted), keep the row (never sampled)
+            P[v], Pm[v] = torch.where(keep, r.to(P[v].dtype), P[v]), torch.where(keep, r_mass, pm)
+            Q[v] = Q[v].scatter(1, t, 0.0)
+            Qm[v] = Q[v].sum(1, keepdim=True, dtype=f64)  # summed directly: qm - q(t) cancels for a confident draft
+            if broken != "no_alpha_update":
+                den = S + (1.0 - al)  # not (S + 1) - al: that rounds S away when S << 1 and al == 1
+                alpha[v] = torch.where(den > 0, S / den.clamp_min(1e-300), 0.0).clamp(max=1.0)[0]
 
-    def q_of(self, v: int, x: int) -> float:
-        if v in self.Q:
-            return float(self.Q[v][x]) / self.Qm[v] if self.Qm[v] > 0 else 0.0
-        return float(self.draft[v, x])
-
-    def refresh_below(self, v: int) -> None:
-        """Recompute alpha for the remaining subtree below v."""
-        stack = [v]
-        while stack:
-            w = stack.pop()
-            for c in self.remaining[w]:
-                qc = self.q_of(w, self.tok[c])
-                self.alpha[c] = min(1.0, self.alpha[w] * self.p_of(w, self.tok[c]) / qc) if qc > 0 else 0.0
-                stack.append(c)
-
-    def reject(self, u: int) -> None:
-        """Node u (no remaining children) was rejected: update its parent v and delete u."""
-        v = self.st.parents[u]
-        t = self.tok[u]
-        al = self.alpha[v]
-        # unnormalised rows and their masses: P = P_raw / Pm, Q = Q_raw / Qm. Then
-        # max(al P - Q, 0) = (al / Pm) max(P_raw - coef Q_raw, 0) with coef = Pm / (al Qm): one pass
-        # and no normalised copies. A coef beyond float32's safe range (tiny alpha or a denormal
-        # draft mass) is applied in float64 as k max(P_raw - coef Q_raw, 0) = max(k P_raw - Q_raw, 0)
-        # with k = al Qm / Pm (exact; k P_raw underflows only when S < 1e-300).
-        P_raw, Pm = (self.P[v], self.Pm[v]) if v in self.P else (self.target[v], 1.0)
-        Q_raw, Qm = (self.Q[v], self.Qm[v]) if v in self.Q else (self.draft[v], 1.0)
-        k = al * Qm / Pm
-        if k * SCALE_CAP_F32 >= 1.0:
-            r = scaled_residual(P_raw, Q_raw, 1.0 / k)
-            r_mass = float(r.sum())
-            S = al / Pm * r_mass
-        else:
-            r = (P_raw.double() * k - Q_raw.double()).clamp_(min=0)
-            r_mass = float(r.sum())
-            S = r_mass / Qm if Qm > 0 else 0.0
-        if S > 0:
-            self.P[v], self.Pm[v] = r, r_mass
-        else:  # alpha(v) = 0 (v can no longer be accepted): keep the row, never sampled
-            self.P[v], self.Pm[v] = P_raw, Pm
-        if v not in self.Q:
-            self.Q[v] = self.draft[v].clone()
-        self.Q[v][t] = 0.0
-        self.Qm[v] = float(self.Q[v].sum())  # summed directly: subtracting q(t) cancels for a confident draft
-        if self.broken != "no_alpha_update":
-            den = S + (1.0 - al)  # not (S + 1.0) - al: that rounds S away when S << 1 and al == 1
-            self.alpha[v] = min(1.0, S / den) if den > 0 else 0.0
-        self.remaining[v].remove(u)
-        self.refresh_below(v)
-
-    def first(self) -> int:
-        u = 0
-        while self.remaining[u]:
-            u = self.remaining[u][0]
-        return u
-
-    def y_row(self, u: int) -> torch.Tensor:
-        return self.P[u] if u in self.P else self.target[u]
+    yield from visit(0)
 
 
 def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                     uniforms: torch.Tensor) -> tuple[int, int]:
-    """One Traversal Verification decision as a pure function of ``uniforms`` (float ``[N, 2]``).
+                     uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Traversal Verification decision as a pure function of ``uniforms``, on the laws' device
+    with no host read.
 
-    Returns ``(node_index, next_token)``.
+    Args:
+        tokens: LongTensor ``[N]``; target_probs, draft_probs: float ``[N, V]``; uniforms: float64
+            ``[N, 2]`` (see the module docstring).
+
+    Returns:
+        ``(node, y)``: 0-d LongTensors. The first node u of :func:`_tests` with
+        ``uniforms[u, 0] < alpha(u)`` (the root passes), y ~ P(u) with ``uniforms[u, 1]``.
     """
-    u = uniforms.tolist()
-    s = _State(st, tokens.tolist(), target_probs, draft_probs)
-    while True:
-        node = s.first()
-        if node == 0 or u[node][0] < s.alpha[node]:
-            return node, sample_with_uniform(s.y_row(node), u[node][1])
-        s.reject(node)
+    dev = target_probs.device
+    u0 = uniforms[:, 0]
+    done = torch.zeros(1, dtype=torch.bool, device=dev)
+    node = torch.zeros(1, dtype=torch.long, device=dev)
+    y_row = None
+    for u, a, row in _tests(st, tokens, target_probs, draft_probs):
+        accept = ~done & ((u0[u:u + 1] < a) | (u == 0))
+        node = torch.where(accept, u, node)
+        y_row = row if y_row is None else torch.where(accept.view(1, 1), row, y_row)
+        done = done | accept
+    return node[0], draw_with_uniforms(y_row, uniforms[:, 1].index_select(0, node))[0]
 
 
 def traversal_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                   *, _broken: str = "") -> torch.Tensor:
-    """Exact law ``[N, V]`` of Traversal Verification's outcome, by branching on every test
-    (float64 rows normalised to sum 1; see :class:`~eagle.verify.registry.Verifier`).
+    """Exact law ``[N, V]`` of Traversal Verification's outcome (float64 rows normalised to sum 1;
+    see :class:`~eagle.verify.registry.Verifier`): node u is accepted with probability
+    alpha(u) prod over the earlier tests (1 - alpha), then y ~ norm(P(u)) (:func:`_tests`), O(N V).
 
-    Every rejection leads to the same next state, so the tests form one sequence of at most N
-    nodes: the law is a single walk, O(N V).
     ``_broken`` (test-only negative control): ``"no_alpha_update"`` keeps alpha(v) after a child's
     rejection (not lossless).
     """
     out = torch.zeros_like(target_probs)
-    s = _State(st, tokens.tolist(), target_probs, draft_probs, _broken)
     mass = 1.0
-    while mass > 0:
-        node = s.first()
-        a = 1.0 if node == 0 else s.alpha[node]
-        row = s.y_row(node)
+    for u, a, row in _tests(st, tokens, target_probs, draft_probs, _broken):
+        a = 1.0 if u == 0 else float(a)
         tot = row.sum()
         if tot > 0:
-            out[node] += (mass * a) * (row / tot)
+            out[u] += (mass * a) * (row[0] / tot)
         mass *= 1.0 - a
-        if node == 0:
+        if mass <= 0:
             break
-        s.reject(node)
     return out
 
 

@@ -36,9 +36,9 @@ from functools import lru_cache
 
 import torch
 
-from eagle.rules import BLOCK_ELEMENTS, remaining_masses, scaled_residual
-from eagle.sampling import sample_with_uniform
-from eagle.tree.structure import TreeStructure, tree_structure
+from eagle.rules import BLOCK_ELEMENTS, LAMBDA_CAP, positive_part, remaining_masses, removed_mask
+from eagle.sampling import draw_with_uniforms
+from eagle.tree.structure import TreeStructure, device_tables, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
 
 __all__ = ["Allocation", "allocate", "positive_part_sums", "decide", "univer_kernel", "allocation_row", "univer_law",
@@ -66,10 +66,6 @@ class Allocation:
     threshold: torch.Tensor
 
 
-#: cap on lam = c / p~ in the dense reduction (see :func:`allocate`). c <= 1 / 1.4e-45 (the draft mass
-#: off the top tokens is at least one positive float32), so lam > 1e60 means p~ < 1e-15: the cap then
-#: changes S = p~ sum_x max(B - lam q, 0) by less than p~, below 1e-15
-LAMBDA_CAP = 1e60
 
 
 @dataclass(frozen=True)
@@ -159,35 +155,20 @@ def positive_part_sums(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor) -> t
 
     Returns:
         ``[k]`` in the dtype of ``B``. A float64 ``lam`` with float32 rows is applied as two
-        float32 factors sqrt(lam) (q times the first, then the second), each <= 1e30: lam beyond
-        float32's range (the inverse of a denormal residual draft mass, as at low temperatures)
-        stays exact, never inf * 0. Computed in row blocks of about :data:`BLOCK_ELEMENTS`
+        float32 factors sqrt(lam) (:func:`~eagle.rules.positive_part`). Computed in row blocks of about :data:`BLOCK_ELEMENTS`
         through one reused scratch buffer: a fresh ``[k, V]`` temporary costs page faults and
         memory traffic (on CPU, k = 127, V = 152064: 95 ms at once against 15 ms blocked).
         Other devices take one pass.
     """
     k, V = B.shape
-    if lam.dtype == B.dtype:
-        lam1, lam2 = lam, None
-    else:
-        lam = lam.to(torch.float64)
-        lam1 = lam.sqrt()
-        lam2 = (lam / lam1.clamp_min(1e-300)).to(B.dtype)
-        lam1 = lam1.to(B.dtype)
-
-    def part(Bb, qb, l1, l2, out=None):
-        if l2 is not None:
-            qb = torch.mul(qb, l2, out=out)
-        return torch.addcmul(Bb, qb, l1, value=-1.0, out=out).clamp_(min=0)
-
     rows = max(1, BLOCK_ELEMENTS // max(V, 1))
     if k <= rows or B.device.type != "cpu":  # one fused pass suits a GPU
-        return part(B, q, lam1, lam2).sum(1)
+        return positive_part(B, q, lam).sum(1)
     out = torch.empty(k, dtype=B.dtype, device=B.device)
     buf = torch.empty(rows, V, dtype=B.dtype, device=B.device)
     for r0 in range(0, k, rows):
         r1 = min(k, r0 + rows)
-        blk = part(B[r0:r1], q[r0:r1], lam1[r0:r1], None if lam2 is None else lam2[r0:r1], out=buf[: r1 - r0])
+        blk = positive_part(B[r0:r1], q[r0:r1], lam[r0:r1], out=buf[: r1 - r0])
         torch.sum(blk, 1, out=out[r0:r1])
     return out
 
@@ -272,60 +253,93 @@ def allocate(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor
 
 
 def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor,
-                   draft_probs: torch.Tensor, v: int, *, children_zeroed: bool = True) -> torch.Tensor:
-    """p_v(x) over the vocabulary for inner node v (Eqs. 4-6): dtype of ``target_probs``, or float64
-    where lam = c / p~ exceeds float32's range (see :func:`~eagle.rules.scaled_residual`).
+                   draft_probs: torch.Tensor, v, *, children_zeroed: bool = True) -> torch.Tensor:
+    """p_v(x) over the vocabulary for inner node v (Eqs. 4-6), in the dtype of ``target_probs``,
+    with no host read.
 
-    With ``children_zeroed`` the children tokens are 0: the (unnormalised) law of y at v.
-    Otherwise the row also holds p_v at the children (Eq. 4 at u_m); sum + p_v(not v) = 1.
+    Args:
+        v: the node, an int or a 0-d LongTensor on the laws' device.
+        children_zeroed: the children tokens are 0 (the unnormalised law of y at v); otherwise
+            the row also holds p_v at the children (Eq. 4 at u_m), and sum + p_v(not v) = 1.
+
+    Returns:
+        float ``[V]``: w p~ max(B - lam q, 0) off the top-(m-1) children with lam = c / p~
+        (= w max(p~ B - Q, 0), computed without subnormal products p~ B), w p~ B on them.
     """
-    ctok = [int(t) for t in tokens[list(st.children[v])].tolist()]
-    pt, c, w = float(alloc.p_tilde[v]), float(alloc.scale[v]), float(alloc.weight[v])
-    B, q = target_probs[v], draft_probs[v]
-    lam = min(c / pt, LAMBDA_CAP) if pt > 0 else LAMBDA_CAP
-    row = scaled_residual(B, q, lam)  # max(p~B - Q, 0) / p~, no subnormal products
-    if len(ctok) > 1:
-        row[ctok[:-1]] = B[ctok[:-1]].to(row.dtype)
-    row.mul_(w * pt)
-    row[ctok[-1]] = 0.0
-    if children_zeroed:
-        row[ctok] = 0.0
-    else:
-        row[ctok[-1]] = float(alloc.p_edge[st.children[v][-1]])
-    return row
+    dev = target_probs.device
+    tab = device_tables(st.parents, str(dev))
+    v = (v.to(dev) if isinstance(v, torch.Tensor) else torch.tensor(v, device=dev)).view(1).long()
+    ch = tab.children.index_select(0, v)  # [1, mmax], -1 = none
+    m = tab.num_children.index_select(0, v)  # [1]
+    cols = torch.arange(ch.shape[1], device=dev)
+    valid = ch >= 0
+    ctok = tokens.to(dev)[ch.clamp(min=0)]  # [1, mmax]
+    top = valid & (cols < m - 1)
+    last = valid & (cols == m - 1)
+    pt, c, w = (x.index_select(0, v) for x in (alloc.p_tilde, alloc.scale, alloc.weight))  # [1] float64
+    lam = torch.where(pt > 0, c / pt.clamp_min(1e-300), LAMBDA_CAP).clamp(max=LAMBDA_CAP)
+    B, q = target_probs.index_select(0, v), draft_probs.index_select(0, v)  # [1, V]
+    row = positive_part(B, q, lam.view(1, 1))
+    row = torch.where(removed_mask(row, ctok, top), B, row)  # Q = 0 on the top children
+    row = row * (w * pt).to(row.dtype).view(1, 1)
+    row = row.masked_fill(removed_mask(row, ctok, valid if children_zeroed else last), 0.0)
+    if not children_zeroed:
+        p_last = alloc.p_edge[ch.clamp(min=0)].masked_fill(~last, 0.0).sum(1).to(row.dtype)  # p_v(u_m)
+        row = row + removed_mask(row, ctok, last).to(row.dtype) * p_last.view(1, 1)
+    return row[0]
 
 
-def decide(st: TreeStructure, threshold: torch.Tensor, eta: torch.Tensor) -> int:
+def decide(st: TreeStructure, threshold: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
     """The accepted node: the first node in post-order with ``eta[v] < threshold[v]``.
 
     Args:
         threshold: float ``[N]`` (p~ at leaves, p~res at inner nodes; 1 at the root).
-        eta: float ``[N]`` uniforms in [0, 1) on any device (the comparison is brought to the host: one sync).
+        eta: float ``[N]`` uniforms in [0, 1).
+
+    Returns:
+        0-d LongTensor on ``threshold``'s device (no host read). The root, last in post-order, has
+        threshold 1 and always passes.
     """
-    passed = (eta.to(threshold.device) < threshold).cpu()[st.postorder_t]
-    k = int(torch.argmax(passed.to(torch.uint8)))  # first True; the root (last) always passes
-    return st.postorder[k] if bool(passed[k]) else 0
+    post = device_tables(st.parents, str(threshold.device)).postorder
+    passed = (eta.to(threshold.device) < threshold).index_select(0, post)
+    passed[-1] = True  # the root
+    return post[passed.to(torch.uint8).argmax()]
 
 
-def _y_row(alloc, st, tokens, target_probs, draft_probs, v: int) -> torch.Tensor:
-    if not st.children[v]:
-        return target_probs[v]
-    row = allocation_row(alloc, st, tokens, target_probs, draft_probs, v)
-    if float(row.sum()) > 0:
-        return row
-    # probability-0 event (v reached while its non-children mass is 0): any law is lossless here
-    row = target_probs[v].clone()
-    row[tokens[list(st.children[v])]] = 0.0
-    return row if float(row.sum()) > 0 else target_probs[v]
+def _y_row(alloc, st, tokens, target_probs, draft_probs, v: torch.Tensor) -> torch.Tensor:
+    """The (unnormalised) law of y at the accepted node v (0-d LongTensor): M_b(.|v) at a leaf, p_v
+    restricted to the non-children at an inner node; with fallbacks for probability-0 events (v
+    reached while its non-children mass is 0: any law is lossless there). ``[V]``, no host read."""
+    dev = target_probs.device
+    tab = device_tables(st.parents, str(dev))
+    v1 = v.view(1)
+    B = target_probs.index_select(0, v1)[0]
+    if not tab.width[0]:  # a tree of the root alone
+        return B
+    row = allocation_row(alloc, st, tokens, target_probs, draft_probs, v).to(B.dtype)
+    ch = tab.children.index_select(0, v1)
+    off = B.masked_fill(removed_mask(B.view(1, -1), tokens.to(dev)[ch.clamp(min=0)], ch >= 0)[0], 0.0)
+    leaf = tab.num_children.index_select(0, v1)[0] == 0
+    use = torch.where(leaf | ~(row.sum() > 0), torch.where(leaf | ~(off.sum() > 0), 0, 1), 2)
+    return torch.where(use == 2, row, torch.where(use == 1, off, B))
 
 
 def univer_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  uniforms: torch.Tensor) -> tuple[int, int]:
-    """One UniVer decision as a pure function of ``uniforms`` (float ``[N, 2]``: column 0 = eta_v,
-    column 1 draws y at the accepted node). Returns ``(node_index, next_token)``."""
+                  uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One UniVer decision as a pure function of ``uniforms``, on the laws' device with no host read.
+
+    Args:
+        tokens: LongTensor ``[N]``; target_probs, draft_probs: float ``[N, V]``; uniforms: float64
+            ``[N, 2]``: column 0 = eta_v, column 1 draws y at the accepted node.
+
+    Returns:
+        ``(node, y)``: 0-d LongTensors. Allocation (Eqs. 3-7, :func:`allocate`), the post-order
+        decision (:func:`decide`), y ~ the law of :func:`_y_row` by inverse CDF.
+    """
     alloc = allocate(st, tokens, target_probs, draft_probs)
     v = decide(st, alloc.threshold, uniforms[:, 0])
-    return v, sample_with_uniform(_y_row(alloc, st, tokens, target_probs, draft_probs, v), float(uniforms[v, 1]))
+    row = _y_row(alloc, st, tokens, target_probs, draft_probs, v)
+    return v, draw_with_uniforms(row, uniforms[:, 1].index_select(0, v.view(1))[0])
 
 
 def univer_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -346,10 +360,11 @@ def univer_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tens
     p_node = torch.zeros(st.num_nodes, dtype=torch.float64, device="cpu")
     p_node[st.postorder_t] = thr * fail_before
     out = torch.zeros_like(target_probs)
+    dev = target_probs.device
     for v in range(st.num_nodes):
         if p_node[v] <= 0:
             continue
-        row = _y_row(alloc, st, tokens, target_probs, draft_probs, v)
+        row = _y_row(alloc, st, tokens, target_probs, draft_probs, torch.tensor(v, device=dev))
         out[v] = float(p_node[v]) * row / row.sum()
     return out
 

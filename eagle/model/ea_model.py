@@ -421,9 +421,9 @@ class EaModel(nn.Module):
         done = root in stops or len(out) >= max_new_tokens
         # Host synchronisations per cycle (CUDA): (1) the drafted tokens + draft-logit finiteness flag,
         # one transfer (EagleTreeDrafter.draft); (2) the target-logit finiteness check; (3) the verifier's
-        # (node, token) result, plus whatever its kernel needs (eagle.verify; the tree structure is passed
-        # in, so no copy of parents); the transfers after (3) (next input ids, the accepted path when the
-        # tree was pruned) find an idle stream.
+        # (node, token) result, one read (every registered kernel decides on the device; the tree
+        # structure is passed in, so no copy of parents); the transfers after (3) (next input ids, the
+        # accepted path when the tree was pruned) find an idle stream. tests/test_sync_count.py counts them.
         while not done:
             draft, prefix, tfeats, tlogits, target_probs = self._score_tree(
                 cache, head_cache, root, pending_tokens, pending_feats, tree, v.drafting, cfg, gen, timer)

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["TreeStructure", "tree_structure", "structure_of"]
+__all__ = ["TreeStructure", "tree_structure", "structure_of", "DeviceTables", "device_tables"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +90,37 @@ def tree_structure(parents: tuple) -> TreeStructure:
 def structure_of(parents: torch.Tensor) -> TreeStructure:
     """:func:`tree_structure` of a LongTensor ``[N]`` (one host sync)."""
     return tree_structure(tuple(int(p) for p in parents.tolist()))
+
+
+@dataclass(frozen=True)
+class DeviceTables:
+    """Structure-only tensors of one tree on one device, for kernels that walk the tree without
+    reading the device (built once per shape and device, see :func:`device_tables`).
+
+    Attributes:
+        children: LongTensor ``[N, mmax]``: children in rank order, padded with -1 (mmax >= 1).
+        num_children: LongTensor ``[N]``.
+        width: tuple of ints, per depth d: the most children a node of depth d has (0 at the deepest
+            depth), so a walk at depth d looks at ``children[v, :width[d]]`` only.
+        postorder: LongTensor ``[N]``, the post-order of :class:`TreeStructure`.
+    """
+
+    children: torch.Tensor
+    num_children: torch.Tensor
+    width: tuple
+    postorder: torch.Tensor
+
+
+@lru_cache(maxsize=256)
+def device_tables(parents: tuple, device: str = "cpu") -> DeviceTables:
+    """The :class:`DeviceTables` of a parents tuple on ``device`` (cached per shape and device)."""
+    st = tree_structure(parents)
+    mmax = max(1, max(len(c) for c in st.children))
+    pad = [list(c) + [-1] * (mmax - len(c)) for c in st.children]
+    width = [0] * (max(st.depth) + 1)
+    for v, c in enumerate(st.children):
+        width[st.depth[v]] = max(width[st.depth[v]], len(c))
+    dev = torch.device(device)
+    return DeviceTables(children=torch.tensor(pad, dtype=torch.long, device=dev),
+                        num_children=torch.tensor([len(c) for c in st.children], dtype=torch.long, device=dev),
+                        width=tuple(width), postorder=st.postorder_t.to(dev))

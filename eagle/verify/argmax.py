@@ -11,41 +11,43 @@ from __future__ import annotations
 
 import torch
 
-from ..tree.structure import TreeStructure
+from ..tree.structure import TreeStructure, device_tables
 from .registry import Verifier, register_verifier
 
 __all__ = ["argmax_kernel", "argmax_law", "VERIFIER"]
 
 
-def _walk(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[int, int]:
-    tok = tokens.tolist()
-    if target_probs.device.type == "cpu":  # read only the rows on the path (all N rows: ~10x the work)
-        def best(v: int) -> int:
-            return int(torch.argmax(target_probs[v]))
-    else:  # an accelerator: one vectorised argmax, one host sync
-        rows = torch.argmax(target_probs, dim=-1).tolist()
-
-        def best(v: int) -> int:
-            return rows[v]
-    v = 0
-    while True:
-        b = best(v)
-        nxt = next((c for c in st.children[v] if tok[c] == b), None)
-        if nxt is None:
-            return v, b
-        v = nxt
-
-
 def argmax_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                  uniforms: torch.Tensor) -> tuple[int, int]:
-    """The longest greedy match: ``(node_index, next_token)``; ``draft_probs`` and ``uniforms`` unused."""
-    return _walk(st, tokens, target_probs)
+                  uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The longest greedy match, computed on the laws' device with no host read.
+
+    Args:
+        st: the tree's structure; tokens: LongTensor ``[N]``; target_probs: float ``[N, V]`` (one-hot
+            at temperature 0); draft_probs, uniforms: unused.
+
+    Returns:
+        ``(node, y)``: 0-d LongTensors on the laws' device. A walk of one step per depth: at node v
+        (a device scalar) b = argmax M_b(.|v); move to the child whose token is b if there is one
+        (children are distinct, so at most one), else stay (a node that stayed stays).
+    """
+    dev = target_probs.device
+    tab = device_tables(st.parents, str(dev))
+    tokens = tokens.to(dev)
+    v = torch.zeros((), dtype=torch.long, device=dev)
+    for w in tab.width:
+        if w == 0:
+            break
+        b = target_probs.index_select(0, v.view(1)).argmax(-1)  # [1]
+        ch = tab.children.index_select(0, v.view(1))[0, :w]  # [w], -1 = none
+        hit = (ch >= 0) & (tokens[ch.clamp(min=0)] == b)
+        v = torch.where(hit.any(), ch.gather(0, hit.to(torch.uint8).argmax().view(1))[0], v)
+    return v, target_probs.index_select(0, v.view(1)).argmax(-1)[0]
 
 
 def argmax_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor
                ) -> torch.Tensor:
     """Exact law ``[N, V]``: a point mass on the longest greedy match and the argmax after it."""
-    node, y = _walk(st, tokens, target_probs)
+    node, y = argmax_kernel(st, tokens, target_probs, draft_probs, None)
     out = torch.zeros_like(target_probs)
     out[node, y] = 1.0
     return out

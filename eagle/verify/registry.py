@@ -42,7 +42,9 @@ __all__ = ["Verifier", "same_device", "DRAFTING_RULES", "ENTRY_POINT_GROUP", "re
 ENTRY_POINT_GROUP = "univer_eagle.verifiers"
 
 #: ``kernel(st, tokens [N] long, target_probs [N, V], draft_probs [N, V], uniforms float64 [N, 2])
-#: -> (node, y)``: one decision as a pure function of the uniforms (inputs already validated)
+#: -> (node, y)``: one decision as a pure function of the uniforms (inputs already validated); node
+#: and y are 0-d LongTensors on the laws' device (read once by :meth:`Verifier.verify`) or ints
+#: (the kernel then read them itself)
 KernelFn = Callable[[TreeStructure, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple]
 #: ``outcome_law(st, tokens, target_probs, draft_probs) -> [N, V]``: the exact law of the outcome
 LawFn = Callable[..., torch.Tensor]
@@ -74,7 +76,9 @@ class Verifier:
         name: registry key (e.g. ``"rrsw"``), lower case.
         drafting: the drafting rule its losslessness proof assumes, one of :data:`DRAFTING_RULES`.
         kernel: one decision, ``(st, tokens, target_probs, draft_probs, uniforms) -> (node, y)``;
-            ``uniforms`` is float64 ``[N, 2]`` in [0, 1) on the laws' device.
+            ``uniforms`` is float64 ``[N, 2]`` in [0, 1) on the laws' device; node and y are 0-d
+            LongTensors on that device (no host read inside the kernel; :meth:`verify` reads both
+            at once) or ints.
         outcome_law: ``(st, tokens, target_probs, draft_probs, **options) -> [N, V]``: entry
             ``[i, y]`` = P(node i ends the accepted path and the next token is y); called on
             float64 rows normalised to sum 1.
@@ -140,6 +144,8 @@ class Verifier:
                                                              self.drafting, validate, structure=structure)
         uniforms = torch.rand(st.num_nodes, 2, generator=generator, dtype=torch.float64, device=target_probs.device)
         node, y = self.kernel(st, tokens, target_probs, draft_probs, uniforms)
+        if isinstance(node, torch.Tensor) and isinstance(y, torch.Tensor):  # one host read of the outcome
+            node, y = torch.stack([node.reshape(()), y.reshape(()).to(node.dtype)]).tolist()
         return int(node), int(y)
 
     def outcome_probs(self, parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,

@@ -12,57 +12,69 @@ from __future__ import annotations
 
 import torch
 
-from ..rules import remaining_mass, scaled_residual
-from ..sampling import sample_with_uniform
-from ..tree.structure import TreeStructure
+from ..rules import positive_part
+from ..sampling import draw_with_uniforms
+from ..tree.structure import TreeStructure, device_tables
 from .registry import Verifier, register_verifier
 
 __all__ = ["rrsw_kernel", "rrsw_law", "VERIFIER"]
 
 
 def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                uniforms: torch.Tensor) -> tuple[int, int]:
-    """One RRSw decision as a pure function of the uniforms.
+                uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One RRSw decision as a pure function of the uniforms, on the laws' device with no host read.
 
     Args:
         st: the tree's :class:`~eagle.tree.structure.TreeStructure`.
         tokens: LongTensor ``[N]``; target_probs / draft_probs: float ``[N, V]`` (validated).
-        uniforms: float ``[N, 2]`` in [0, 1) (see the module docstring).
+        uniforms: float64 ``[N, 2]`` in [0, 1) (see the module docstring).
 
     Returns:
-        ``(node_index, next_token)``: the last accepted node and y.
+        ``(node, y)``: 0-d LongTensors, the last accepted node and y. One step per depth at the
+        current node v (a device scalar), one sub-step per child rank j: accept u_j with
+        min(1, p(u_j) / q(u_j)) (p, q the current normalised laws); on rejection
+        p <- norm(max(p - q, 0)), q(u_j) <- 0, q <- norm(q). p is kept unnormalised with its mass
+        p_mass, q as the draft row with the rejected tokens zeroed and its mass q_mass (summed
+        directly). A node where the walk stopped stays (later steps are computed and discarded).
     """
-    tok = tokens.tolist()
-    u = uniforms.tolist()
-    v = 0
-    while True:
-        ch = st.children[v]
-        p = target_probs[v]  # unnormalised running residual; true law = p / p_mass
-        if not ch:
-            return v, sample_with_uniform(p, u[v][1])
-        q = draft_probs[v]  # never modified: removed tokens are handled through q_mass and p(t) = 0
-        ctok = [tok[c] for c in ch]
-        q_child = q[ctok].tolist()
-        p_mass, q_mass = 1.0, 1.0
-        removed: list[int] = []
-        moved = False
-        for c, t, qt_raw in zip(ch, ctok, q_child):
-            qt = qt_raw / q_mass if q_mass > 0 else 0.0
-            pt = float(p[t]) / p_mass
-            a = min(1.0, pt / qt) if qt > 0 else 0.0
-            if u[c][0] < a:
-                v, moved = c, True
-                break
-            # rejection: p <- norm(max(p - q_cur, 0)); q_cur = q (removed tokens, where p = 0, aside) / q_mass
-            r = scaled_residual(p, q, p_mass / q_mass)
-            r[t] = 0.0
-            s = float(r.sum())
-            if s > 0:  # s = 0 has probability 0 (a < 1 implies p(t) < q(t)); keep p then
-                p, p_mass = r, s
-            removed.append(t)
-            q_mass = remaining_mass(q, removed)  # summed directly: q_mass - q(t) cancels for a confident draft
-        if not moved:
-            return v, sample_with_uniform(p, u[v][1])
+    dev = target_probs.device
+    tab = device_tables(st.parents, str(dev))
+    tokens, u0, u1 = tokens.to(dev), uniforms[:, 0], uniforms[:, 1]
+    f64 = torch.float64
+    v = torch.zeros(1, dtype=torch.long, device=dev)
+    stopped = torch.zeros(1, dtype=torch.bool, device=dev)
+    y_row = None
+    for w in tab.width:
+        p = target_probs.index_select(0, v)  # [1, V] unnormalised running residual; law p / p_mass
+        q = draft_probs.index_select(0, v)  # [1, V] rejected tokens zeroed; law q / q_mass
+        p_mass = torch.ones(1, 1, dtype=f64, device=dev)
+        q_mass = q.sum(1, keepdim=True, dtype=f64)
+        moved = torch.zeros(1, dtype=torch.bool, device=dev)
+        nxt = v
+        ch = tab.children.index_select(0, v)[:, :w]  # [1, w], -1 = none
+        for j in range(w):
+            c = ch[:, j]
+            live = (c >= 0) & ~moved
+            t = tokens[c.clamp(min=0)].view(1, 1)
+            qt = q.gather(1, t).to(f64) / q_mass.clamp_min(1e-300)
+            pt = p.gather(1, t).to(f64) / p_mass
+            a = torch.where(qt > 0, pt / qt.clamp_min(1e-300), 0.0).clamp(max=1.0)[:, 0]
+            accept = live & (u0.index_select(0, c.clamp(min=0)) < a)
+            nxt = torch.where(accept, c, nxt)
+            moved = moved | accept
+            reject = (live & ~accept).view(1, 1)
+            # p <- max(p - (p_mass / q_mass) q, 0) with u_j's token exactly 0 (a < 1: p(t) < q(t))
+            r = positive_part(p, q, p_mass / q_mass.clamp_min(1e-300)).scatter_(1, t, 0.0)
+            r_mass = r.sum(1, keepdim=True, dtype=f64)
+            keep_p = reject & (r_mass > 0)  # r_mass = 0 has probability 0; keep p then
+            p, p_mass = torch.where(keep_p, r.to(p.dtype), p), torch.where(keep_p, r_mass, p_mass)
+            q = torch.where(reject, q.scatter(1, t, 0.0), q)
+            q_mass = torch.where(reject, q.sum(1, keepdim=True, dtype=f64), q_mass)
+        ends = ~stopped & ~moved  # every child rejected (or a leaf): y ~ p
+        y_row = p if y_row is None else torch.where(ends.view(1, 1), p, y_row)
+        stopped = stopped | ends
+        v = torch.where(stopped, v, nxt)
+    return v[0], draw_with_uniforms(y_row, u1.index_select(0, v))[0]
 
 
 def rrsw_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
