@@ -45,6 +45,7 @@ import numpy as np
 from evaluation.questions import build_messages, category_group
 
 __all__ = ["expected_tokens", "branch_usage", "verifier_for", "context_positions", "shared_contexts", "score_contexts",
+           "tree_laws_shared", "score_contexts_trees",
            "paired_bootstrap", "summarize_exact", "render_exact", "run_exact_tau", "main"]
 
 
@@ -153,6 +154,104 @@ def shared_contexts(reference: Sequence[dict], questions: Sequence[dict], prompt
     return out
 
 
+def tree_laws_shared(model, input_ids, specs: Sequence[tuple], *, temperature: float, top_p: float = 1.0,
+                     top_k: int = 0):
+    """:meth:`EaModel.tree_laws` for several ``(tree, drafting rule, generator)`` after ONE target prefill.
+
+    The target's cache of the context is computed once and cut back to the context after every tree, so each
+    tree sees exactly what a separate ``tree_laws`` call would (same draws from its generator, same laws); on a
+    long context the prefill is most of a call's cost. A model without the engine's parts (``target_forward``,
+    ``_score_tree``) gets one ``tree_laws`` call per spec.
+
+    Args:
+        input_ids: LongTensor ``[1, L]``, ``L >= 2`` (the last token is every tree's root).
+        specs: ``[(tree, rule, torch.Generator | None), ...]``.
+
+    Yields:
+        One :class:`TreeLaws` per spec, in order (a generator: only one tree's laws need be held at a time).
+    """
+    import torch
+
+    parts = ("target_forward", "_score_tree", "drafter", "_prepare", "resolve_tree", "ea_layer", "base_model")
+    try:
+        from eagle.model import ea_model as E
+        from eagle.model.kv_cache import truncate_cache
+        shared = all(hasattr(model, p) for p in parts) and hasattr(E, "_sampling_config")
+    except ImportError:
+        shared = False
+    if not shared or len(specs) < 2:
+        for tree, rule, g in specs:
+            yield model.tree_laws(input_ids, tree_choices=tree, drafting=rule, temperature=temperature, top_p=top_p,
+                                  top_k=top_k, generator=g)
+        return
+    cfg = E._sampling_config(temperature, top_p, top_k)
+    ids = model._prepare(input_ids, 1)                                       # [1, L]
+    n = ids.shape[1]
+    if n < 2:
+        raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")
+    cache = E.new_cache(model.base_model.config)
+    with torch.no_grad():   # never held across a yield (grad mode is per thread)
+        feats, _ = model.target_forward(ids[:, :-1], torch.arange(n - 1, device=model.device)[None], cache)
+    for tree, rule, g in specs:
+        built = E.build_tree(model.resolve_tree(tree, cfg.temperature, cfg.top_p, cfg.top_k))
+        head_cache = E.new_cache(model.ea_layer.config)
+        with torch.no_grad():
+            draft, _, _, _, target_probs = model._score_tree(cache, head_cache, int(ids[0, -1]), ids[:, 1:], feats,
+                                                             built, rule, cfg, g)
+            truncate_cache(cache, n - 1)
+        yield E.TreeLaws(parents=draft.parents, tokens=draft.tokens, depth=draft.depth, target_probs=target_probs,
+                         draft_probs=draft.draft_probs)
+
+
+def score_contexts_trees(model, contexts: Sequence[dict], methods: Sequence[str], *, trees: Sequence, temperature: float,
+                         top_p: float = 1.0, top_k: int = 0, draws: int = 1, seed: int = 0) -> dict:
+    """:func:`score_contexts` for several trees at once, one target prefill per context (:func:`tree_laws_shared`).
+
+    Returns ``{tree: records}``, each list equal to ``score_contexts(..., tree=tree)`` (the same generator seeds).
+    """
+    import torch
+
+    vs = {m: verifier_for(m, temperature) for m in methods}
+    rules = list(dict.fromkeys(v.drafting for v in vs.values()))
+    out: dict = {t: [] for t in trees}
+    for ci, ctx in enumerate(contexts):
+        ids = torch.tensor([ctx["input_ids"]], dtype=torch.long, device=model.device)  # [1, L]
+        specs = []
+        for tree in trees:
+            for ri, rule in enumerate(rules):
+                for d in range(draws):
+                    g = torch.Generator(device=model.device)
+                    g.manual_seed(int(seed) * 1_000_003 + ctx["question_id"] * 7919 + ci * 97 + ri * 13 + d)
+                    specs.append((tree, rule, g))
+        laws = tree_laws_shared(model, ids, specs, temperature=temperature, top_p=top_p, top_k=top_k)
+        per_tree = len(rules) * draws
+        for k, tree in enumerate(trees):   # score each tree as soon as its laws exist, then drop them
+            mine = [(spec[1], next(laws)) for spec in specs[k * per_tree:(k + 1) * per_tree]]
+            out[tree].append(_score_one(ctx, mine, vs, methods, draws))
+    return out
+
+
+def _score_one(ctx: dict, laws_by_rule: Sequence[tuple], vs: dict, methods: Sequence[str], draws: int) -> dict:
+    """One context's record of :func:`score_contexts` from its ``[(rule, TreeLaws)]`` (every rule x draw)."""
+    sums = {m: 0.0 for m in methods}
+    branches: dict[str, dict[str, np.ndarray]] = {}
+    for rule, laws in laws_by_rule:
+        for m, v in vs.items():
+            if v.drafting != rule:
+                continue
+            law = v.outcome_probs(laws.parents, laws.tokens, laws.target_probs, laws.draft_probs)
+            sums[m] += expected_tokens(law, laws.depth)
+            enter, tokens = branch_usage(law, laws.parents, laws.depth)
+            b = branches.setdefault(m, {"enter": np.zeros(len(enter)), "tokens": np.zeros(len(enter))})
+            b["enter"] += np.array(enter) / draws
+            b["tokens"] += np.array(tokens) / draws
+    rec = {k: ctx[k] for k in ("question_id", "group", "turn", "position")}
+    rec["context_tokens"] = len(ctx["input_ids"])
+    rec["values"] = {m: sums[m] / draws for m in methods}
+    rec["branches"] = {m: {k: [round(float(x), 6) for x in v] for k, v in b.items()} for m, b in branches.items()}
+    return rec
+
+
 def score_contexts(model, contexts: Sequence[dict], methods: Sequence[str], *, tree, temperature: float,
                    top_p: float = 1.0, top_k: int = 0, draws: int = 1, seed: int = 0,
                    on_context: Optional[Callable[[int], None]] = None) -> list[dict]:
@@ -169,28 +268,14 @@ def score_contexts(model, contexts: Sequence[dict], methods: Sequence[str], *, t
     out = []
     for ci, ctx in enumerate(contexts):
         ids = torch.tensor([ctx["input_ids"]], dtype=torch.long, device=model.device)  # [1, L]
-        sums = {m: 0.0 for m in methods}
-        branches: dict[str, dict[str, np.ndarray]] = {}
+        laws = []
         for ri, rule in enumerate(rules):
             for d in range(draws):
                 g = torch.Generator(device=model.device)
                 g.manual_seed(int(seed) * 1_000_003 + ctx["question_id"] * 7919 + ci * 97 + ri * 13 + d)
-                laws = model.tree_laws(ids, tree_choices=tree, drafting=rule, temperature=temperature,
-                                       top_p=top_p, top_k=top_k, generator=g)
-                for m, v in vs.items():
-                    if v.drafting != rule:
-                        continue
-                    law = v.outcome_probs(laws.parents, laws.tokens, laws.target_probs, laws.draft_probs)
-                    sums[m] += expected_tokens(law, laws.depth)
-                    enter, tokens = branch_usage(law, laws.parents, laws.depth)
-                    b = branches.setdefault(m, {"enter": np.zeros(len(enter)), "tokens": np.zeros(len(enter))})
-                    b["enter"] += np.array(enter) / draws
-                    b["tokens"] += np.array(tokens) / draws
-        rec = {k: ctx[k] for k in ("question_id", "group", "turn", "position")}
-        rec["context_tokens"] = len(ctx["input_ids"])
-        rec["values"] = {m: sums[m] / draws for m in methods}
-        rec["branches"] = {m: {k: [round(float(x), 6) for x in v] for k, v in b.items()} for m, b in branches.items()}
-        out.append(rec)
+                laws.append((rule, model.tree_laws(ids, tree_choices=tree, drafting=rule, temperature=temperature,
+                                                   top_p=top_p, top_k=top_k, generator=g)))
+        out.append(_score_one(ctx, laws, vs, methods, draws))
         if on_context is not None:
             on_context(1)
     return out
