@@ -84,9 +84,8 @@ def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.T
     y = torch.zeros(1, dtype=torch.long, device=dev)
     for w in tab.width:
         B = target_probs.index_select(0, v)  # [1, V]
-        x_leaf = draw_with_uniforms(B, u1.index_select(0, v))
-        if w == 0:  # only leaves at this depth
-            y = torch.where(stopped, y, x_leaf)
+        if w == 0:  # only leaves at this depth: y ~ M_b(.|leaf)
+            y = torch.where(stopped, y, draw_with_uniforms(B, u1.index_select(0, v)))
             break
         ch = tab.children.index_select(0, v)[:, :w]  # [1, w], -1 = none
         m = tab.num_children.index_select(0, v)  # [1]
@@ -105,14 +104,14 @@ def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.T
         r = positive_part(B, q, c.view(1, 1))
         r = torch.where(removed_mask(r, ctok, top), B, r).masked_fill(removed_mask(r, ctok, is_last), 0.0)
         off = B.masked_fill(removed_mask(B, ctok, valid), 0.0)  # the residual is below rounding (B ~ Q)
-        has_r, has_off = r.sum(1) > 0, off.sum(1) > 0
+        has_r, has_off = (m > 0) & (r.sum(1) > 0), (m > 0) & (off.sum(1) > 0)  # a leaf: y ~ B
         x = draw_with_uniforms(torch.where(has_r[:, None], r, torch.where(has_off[:, None], off, B)),
                                u1.index_select(0, v))
         hit = top & (ctok == x[:, None]) & (has_r | has_off)[:, None]
         moves = (m > 0) & (accept | hit.any(1))
         nxt = torch.where(accept, last_c, torch.where(hit, ch, 0).sum(1))
         ends = ~stopped & ~moves
-        y = torch.where(ends, torch.where(m > 0, x, x_leaf), y)
+        y = torch.where(ends, x, y)
         stopped = stopped | ends
         v = torch.where(stopped, v, nxt)
     return v[0], y[0]
