@@ -46,3 +46,19 @@ def test_default_sampling_runs(model, verifier):
                                seed=0, return_stats=True)
     assert 1 <= st["new_tokens"] <= 12 and out.shape[1] == ids.shape[1] + st["new_tokens"]
     assert int(out.max()) < model.lm_head.weight.shape[0]
+
+
+def test_api_default_tree_is_the_fitted_one(model):
+    """Issue 48: for the embedded default on the CPU the API's default tree is the fitted one (a
+    large static tree such as mc_sim_7b_63 runs slower than plain decoding there)."""
+    assert model.tree_choices == "auto"
+
+
+@pytest.mark.slow
+def test_api_defaults_equal_greedy_decoding(model):
+    """``eagenerate(ids, temperature=0.0)`` with no other argument (the fitted tree; fitted once per
+    machine and cached) equals plain greedy decoding token for token."""
+    ids = _prompt(model, "Summarize: the river rose after three days of rain and the town closed its bridge.")
+    ref = model.naivegenerate(ids, max_new_tokens=48)
+    out = model.eagenerate(ids, temperature=0.0, max_new_tokens=48)
+    assert out.tolist() == ref.tolist()

