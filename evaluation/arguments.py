@@ -23,7 +23,7 @@ __all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "defa
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
-           "load_checked_model"]
+           "load_checked_model", "EXPECTED_TAU", "expected_tau_on"]
 
 BASELINE = "naive"
 #: display order of the paper's methods (other registered verifiers follow, sorted by name)
@@ -380,6 +380,30 @@ def check_template(template: Optional[str], model: str) -> Optional[str]:
     return None
 
 
+#: values of ``--expected-tau``
+EXPECTED_TAU = ("auto", "on", "off")
+
+
+def expected_tau_on(setting: str, device) -> bool:
+    """Whether the answers carry the per-cycle exact expected tau (``expected_accept_lengths``, the
+    Rao-Blackwellised table): ``on``/``off`` as said; ``auto`` = on where it is cheap next to a cycle,
+    i.e. on the CPU (``device`` is the model's laws device, or a ``--device`` value), off on CUDA (there
+    it costs host reads and O(nodes x V) work per cycle; it is never inside the timed region either way).
+
+    Raises:
+        UsageError: ``--expected-tau``: a value other than auto, on, off.
+    """
+    if setting not in EXPECTED_TAU:
+        raise UsageError("--expected-tau", f"use auto, on or off, got {setting!r}")
+    if setting != "auto":
+        return setting == "on"
+    import torch
+
+    if str(device) == "auto":
+        return not torch.cuda.is_available()
+    return torch.device(device).type == "cpu"
+
+
 def resolve_device(device: str = "auto", dtype: str = "auto"):
     """``(device, torch dtype)``: ``auto`` = CUDA with float16 when available, else CPU with float32."""
     import torch
@@ -449,6 +473,7 @@ class Config:
     draft_vocab: str = "auto"
     speed_tree: str = "none"
     speed_methods: list = field(default_factory=list)
+    expected_tau: str = "auto"
 
     def settings(self) -> dict:
         d = asdict(self)
@@ -500,6 +525,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--draft-vocab", default="auto", choices=("auto", "off"),
                     help="auto: draft over the head's draft vocabulary (draft_vocab.safetensors beside the head) "
                          "when it has one; off: over the full target vocabulary (output is lossless either way)")
+    ap.add_argument("--expected-tau", default="auto", choices=EXPECTED_TAU,
+                    help="record the exact E[tokens per cycle | drafted tree] of every cycle in the answers (the "
+                         "Rao-Blackwellised tau table): auto = on on the CPU, off on CUDA (costly there); never timed")
     ap.add_argument("--template", default=None,
                     help="prompt format: a FastChat template (e.g. vicuna_v1.1) or chat_template; default: the "
                          "tokenizer's chat template, or the known family's format (Vicuna -> vicuna_v1.1)")
@@ -547,6 +575,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
     speed_tree = check_tree(getattr(args, "speed_tree", None) or default_speed_tree(model, device), "--speed-tree")
     if speed_tree == tree:
         speed_tree = "none"  # the comparison runs are the speed runs
+    expected_tau = getattr(args, "expected_tau", "auto")
+    expected_tau_on(expected_tau, "cpu")  # the value's check (the device is resolved when the model is loaded)
     plugins = load_plugins(args.plugin)
     methods = check_methods(args.methods, temperature)
     speed_raw = getattr(args, "speed_methods", None)
@@ -577,7 +607,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
                   note=QUICK_NOTE.format(seeds=len(seeds), per_category=per_cat, max_new=max_new) if quick else None,
                   contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
                   no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False),
-                  draft_vocab=getattr(args, "draft_vocab", "auto"), speed_tree=speed_tree, speed_methods=speed_methods)
+                  draft_vocab=getattr(args, "draft_vocab", "auto"), speed_tree=speed_tree, speed_methods=speed_methods,
+                  expected_tau=expected_tau)
 
 
 def load_checked_model(cfg: Config):

@@ -23,6 +23,7 @@ reads it for every category and "overall")::
      "tstamp": float (unix seconds),
      # added metadata (ours): run settings and provenance (:func:`provenance`)
      "method", "seed", "temperature", "top_p", "top_k", "tree" (null for naive), "max_new_tokens",
+     "expected_tau" (whether the choices carry expected_accept_lengths; --expected-tau),
      "model", "head", "head_sha256": {file: sha256}, "commit", "torch", "transformers", "python",
      "device", "dtype", "threads", "fast_cpu", "prompt_format": {"name", "source", "reason"}}
 
@@ -163,7 +164,7 @@ def generate_turns(model, tokenizer, question: dict, method: str, *, temperature
 
     The choice holds Spec-Bench's keys (``accept_lengths`` ONE flat list over all turns) plus
     ``new_token_ids`` (per turn), ``timing`` (per turn, the engine's per-part seconds, when reported)
-    and ``expected_accept_lengths`` (flat, when the engine reports them).
+    and ``expected_accept_lengths`` (flat; only with ``expected_tau`` and when the engine reports them).
     """
     import torch
 
@@ -201,9 +202,9 @@ def generate_turns(model, tokenizer, question: dict, method: str, *, temperature
         choice["accept_lengths"].extend(accept)
         choice["new_token_ids"].append([int(t) for t in new_ids])
         choice["timing"].append({k2: float(v) for k2, v in (stats.get("timing") or {}).items()})
-        if method == BASELINE:
+        if method == BASELINE and expected_tau:
             expected.extend([1.0] * len(accept))
-        elif "expected_accept_lengths" in stats:
+        elif expected_tau and "expected_accept_lengths" in stats:
             expected.extend(float(x) for x in stats["expected_accept_lengths"][: len(accept)])
         else:
             has_expected = False
@@ -367,7 +368,9 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
         progress: a tqdm bar in tokens (moves within a question).
         prompt_builder: ``(tokenizer, messages) -> ids``; defaults to ``prompt_format.ids`` or the chat template.
         prompt_format: :class:`evaluation.templates.PromptFormat` (recorded in the file).
-        expected_tau: ask the engine for the exact expected tokens per cycle (when it supports it).
+        expected_tau: ask the engine for the exact expected tokens per cycle (when it supports it; outside
+            the timed region); recorded as ``"expected_tau"`` in every record. Off: the choices have no
+            ``expected_accept_lengths`` and the tables leave the Rao-Blackwellised tau out.
         run_info: extra provenance (computed once by the caller; default :func:`provenance`).
         tree_choices: the resolved rank paths when ``tree`` is a label the engine resolves itself
             (``"auto"``): the engine gets the list (no fitting inside the timed calls), the records keep
@@ -414,7 +417,7 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
                     "model_id": model_id, "choices": [choice], "tstamp": time.time(),
                     **info, "method": method, "seed": int(seed), "temperature": float(temperature),
                     "top_p": float(top_p), "top_k": int(top_k), "tree": tree_used,
-                    "max_new_tokens": int(max_new_tokens),
+                    "max_new_tokens": int(max_new_tokens), "expected_tau": bool(expected_tau),
                 }
                 if tree_used is not None and tree_choices is not None:
                     rec["tree_choices"] = tree_choices
@@ -431,7 +434,7 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
         tree: str = "2x5", max_new_tokens: int = 128, model_name: str = "default", head: Optional[str] = None,
         tokenizer=None, progress: bool = True, prompt_builder: Optional[Callable] = None, prompt_format=None,
         run_info: Optional[dict] = None, tree_choices: Optional[list] = None,
-        interleave: bool = True) -> list[Path]:
+        interleave: bool = True, expected_tau: bool = True) -> list[Path]:
     """Every (method, seed) pair with one loaded model; returns the answer files (see
     :func:`answer_file_name`), which live in ``out_dir``. Provenance is computed once.
 
@@ -439,7 +442,8 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
     before the next one starts (round-robin), so a machine that speeds up or slows down during the
     run (shared CPUs do) moves every method's tokens/s alike and the speedups stay paired; the
     progress bar then counts answers. False: each method answers all questions in turn (one
-    token-level bar per method). Files and records are the same either way.
+    token-level bar per method). Files and records are the same either way. ``expected_tau``: see
+    :func:`generate_answers` (resolve ``--expected-tau`` with :func:`evaluation.arguments.expected_tau_on`).
     """
     from tqdm import tqdm
 
@@ -448,7 +452,8 @@ def run(model, questions: Sequence[dict], out_dir: os.PathLike | str, methods: I
     files = []
     common = dict(temperature=temperature, top_p=top_p, top_k=top_k, tree=tree, max_new_tokens=max_new_tokens,
                   model_name=model_name, head=head, tokenizer=tokenizer, prompt_builder=prompt_builder,
-                  prompt_format=prompt_format, run_info=run_info, tree_choices=tree_choices)
+                  prompt_format=prompt_format, run_info=run_info, tree_choices=tree_choices,
+                  expected_tau=expected_tau)
     for seed in seeds:
         paths = {m: Path(out_dir) / answer_file_name(m, temperature, tree, seed) for m in methods}
         files.extend(paths.values())
@@ -475,7 +480,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     """``python -m evaluation.gen_answer``: answers only (same flags and checks as the main job; the
     baseline runs only when ``naive`` is among ``--methods``)."""
     from evaluation.arguments import (OneLineParser, UsageError, add_common_arguments, check_arguments,
-                                      exit_on_usage_error, load_checked_model)
+                                      exit_on_usage_error, expected_tau_on, load_checked_model)
 
     ap = OneLineParser(prog="gen_answer", description="Generate Spec-Bench answers (baseline 'naive' and verifiers).")
     add_common_arguments(ap)
@@ -490,7 +495,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     choices = resolve_tree_choices(model, cfg)
     kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, tree=cfg.tree,
               max_new_tokens=cfg.max_new_tokens, model_name=cfg.model, head=cfg.head, progress=not cfg.no_progress,
-              prompt_format=fmt, run_info=info, tree_choices=choices)
+              prompt_format=fmt, run_info=info, tree_choices=choices,
+              expected_tau=expected_tau_on(cfg.expected_tau, model.device))
     if args.answer_file:
         generate_answers(model, cfg.questions, args.answer_file, cfg.methods[0], seed=cfg.seeds[0], **kw)
         return [Path(args.answer_file)]

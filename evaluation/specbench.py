@@ -9,7 +9,8 @@ written), then the model is loaded once and the job runs:
    the tree fitted to this machine for the embedded default on the CPU), sharing plain decoding
    (``OUT/answers/*.jsonl``, Spec-Bench's format + provenance; resumable);
 2. metrics (``OUT/speed.json``): tau per category group, Avg, bootstrap SEs over questions,
-   speedups, the engine's time breakdown;
+   speedups, the engine's time breakdown; with ``--expected-tau`` (auto: on the CPU only) also the
+   Rao-Blackwellised tau of the same runs (left out of the tables when off);
 3. the Table-1 layout on the comparison tree (``OUT/table1.md``/``.json``; it says so when verifiers
    coincide on that tree), the speed table on the speed tree (``OUT/speed_table.md``); Table 3 when
    several configurations exist;
@@ -27,7 +28,8 @@ import time
 from typing import Optional, Sequence
 
 from evaluation.arguments import (BASELINE, QUICK, Config, OneLineParser, UsageError,  # noqa: F401
-                                  add_common_arguments, check_arguments, exit_on_usage_error, load_checked_model)
+                                  add_common_arguments, check_arguments, exit_on_usage_error, expected_tau_on,
+                                  load_checked_model)
 
 __all__ = ["run_job", "main"]
 
@@ -69,10 +71,12 @@ def run_job(cfg: Config, model, fmt) -> dict:
         run["speed_tree_choices"] = speed_choices
     if choices is not None or speed_choices is not None:
         stages["auto_tree"] = fit_seconds
+    expected_tau = expected_tau_on(cfg.expected_tau, model.device)  # --expected-tau auto: on on the CPU only
+    run["expected_tau"] = expected_tau
     (out / "run.json").write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
-
     common = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
-                  model_name=cfg.model, head=cfg.head, progress=not cfg.no_progress, prompt_format=fmt, run_info=info)
+                  model_name=cfg.model, head=cfg.head, progress=not cfg.no_progress, prompt_format=fmt, run_info=info,
+                  expected_tau=expected_tau)
     t0 = time.perf_counter()
     if speed_tree != "none":  # plain decoding interleaved with the speed runs: their ratio is paired
         G.run(model, cfg.questions, out / "answers", [BASELINE] + cfg.speed_methods, cfg.seeds, tree=speed_tree,

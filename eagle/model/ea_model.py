@@ -376,7 +376,10 @@ class EaModel(nn.Module):
                 the model's device.
             return_stats: also return the stats dict.
             expected_tau: with ``return_stats``, also compute per cycle the exact expected tokens per
-                target forward from the verifier's outcome law (not counted in any timing).
+                target forward from the verifier's outcome law. Costly (O(nodes x V) work per cycle and
+                the verifier's law kernels; the harness turns it on only on the CPU by default). Never
+                timed: the timer pauses around it (CPU: host clock; CUDA: events), ``wall_time`` and every
+                part exclude it, and the values stay on the device until the clock has stopped (one read).
             progress: optional callable, ``progress(k)`` after every cycle with the k tokens appended.
 
         Returns:
@@ -422,7 +425,7 @@ class EaModel(nn.Module):
         if progress is not None:
             progress(1)
         accept_lengths: list[int] = []
-        expected: list[float] = []
+        expected: list[torch.Tensor] = []
         pending_tokens = torch.cat([input_ids[:, 1:], torch.tensor([[root]], device=dev)], dim=1)
         pending_feats = feats
         done = root in stops or len(out) >= max_new_tokens
@@ -434,11 +437,11 @@ class EaModel(nn.Module):
         while not done:
             draft, prefix, tfeats, tlogits, target_probs = self._score_tree(
                 cache, head_cache, root, pending_tokens, pending_feats, tree, v.drafting, cfg, gen, timer)
-            if expected_tau and return_stats:
+            if expected_tau and return_stats:  # excluded from wall_time and every part; read after the clock
                 timer.pause()
                 law = v.outcome_probs(draft.parents, draft.tokens, target_probs, draft.draft_probs, validate=False,
                                       structure=draft.structure)
-                expected.append(float(((draft.depth + 1).to(law.dtype) * law.sum(-1)).sum()))
+                expected.append(((draft.depth + 1).to(law.dtype) * law.sum(-1)).sum())  # device scalar
                 timer.resume()
             node, y = v.verify(draft.parents, draft.tokens, target_probs, draft.draft_probs, gen, validate=False,
                                structure=draft.structure)
@@ -477,8 +480,9 @@ class EaModel(nn.Module):
         timing = timer.result(wall)
         stats = {"accept_lengths": accept_lengths, "new_tokens": len(out), "wall_time": wall - timer.excluded,
                  "decoding_steps": len(accept_lengths), "timing": timing, "prefill_s": timer.split}
-        if expected_tau:
-            stats["expected_accept_lengths"] = expected
+        if expected_tau:  # one read, after the timed region
+            stats["expected_accept_lengths"] = (torch.stack(expected).double().cpu().tolist()
+                                                if expected else [])
         return ids, stats
 
     @torch.no_grad()
