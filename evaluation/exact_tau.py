@@ -363,7 +363,8 @@ def summarize_exact(scored: Sequence[dict], methods: Sequence[str], *, n_boot: i
                              reference)
     groups = order_groups({rec["group"] for rec in scored})
     rows = [{"method": m, "tau": {g: boots[m][g] for g in groups}, "avg_tau": boots[m]["avg"],
-             "delta_pct": boots[m]["delta_pct"], "branches": _mean_branches(scored, m)} for m in methods]
+             "delta_pct": boots[m]["delta_pct"], "delta_abs": boots[m]["delta_abs"],
+             "branches": _mean_branches(scored, m)} for m in methods]
     n_q = {g: len({r["question_id"] for r in scored if r["group"] == g}) for g in groups}
     return {**(meta or {}), "groups": groups, "reference": reference, "n_contexts": len(scored),
             "n_questions": n_q, "bootstrap": {"resamples": n_boot, "seed": seed, "unit": "question (stratified)"},

@@ -700,7 +700,7 @@ def _verdict(delta: Optional[dict], paper_delta: Optional[float], note: Optional
         if a is None:
             return "-", "none"
         if ase is None:
-            return ("consistent with the paper's note" if abs(a) <= lim else f"|Δ| {abs(a):.3f} > {lim:g} (no SE)"), "note"
+            return (f"|Δτ| = {abs(a):.3f} {'≤' if abs(a) <= lim else '>'} {lim:g} (no SE: too few questions)"), "none"
         if abs(a) - SIGNIFICANT_Z * ase <= lim:
             return f"consistent with the paper's note (|Δτ| ≤ {lim:g})", "note_ok"
         return f"differs from the paper's note: |Δτ| = {abs(a):.3f} > {lim:g} significantly", "note_differs"
@@ -1094,7 +1094,8 @@ def write_report(s: Setting, questions: Sequence[dict], out: Path, plots: bool =
 def estimate_cost(s: Setting, units: Sequence[dict], questions: Sequence[dict]) -> dict:
     """Rough seconds per unit kind from the setting's cost model (decode steps; REFERENCE section 7 on the CPU).
 
-    Per context and drafting rule: prefill ``context_tokens / prefill_tokens_per_step`` steps, drafting
+    Per context: one prefill of ``context_tokens / prefill_tokens_per_step`` steps; per tree, context and drafting
+    rule: drafting
     ``0.6 * levels * (1 + nodes / 200)``, target forward over the tree ``1.35 + 0.068 * nodes``, verification
     ``0.2 * nodes / 62`` per method. Reference: one step per new token. Sampled: cycles of ~2.5 tokens.
     """
@@ -1105,9 +1106,9 @@ def estimate_cost(s: Setting, units: Sequence[dict], questions: Sequence[dict]) 
     rules = 2 if any(m in ("greedy", "univer") for m in s.methods) and any(m in ("rrsw", "traversal") for m in s.methods) else 1
     per_methods = len(s.methods)
 
-    def tree_steps(tree: str) -> float:
+    def tree_steps(tree: str) -> float:   # without the prefill (one per context, shared by its trees)
         n = tree_nodes(tree) - 1
-        return prefill + 0.6 * tree_levels(tree) * (1 + n / 200) + 1.35 + 0.068 * n + 0.2 * per_methods * n / 62
+        return 0.6 * tree_levels(tree) * (1 + n / 200) + 1.35 + 0.068 * n + 0.2 * per_methods * n / 62
 
     total, ref, trees_s, samp = 0.0, 0.0, 0.0, 0.0
     per_tree: dict[str, float] = {}
@@ -1115,6 +1116,8 @@ def estimate_cost(s: Setting, units: Sequence[dict], questions: Sequence[dict]) 
         turns = len(by_id[u["question_id"]]["turns"])
         if u["kind"] == "exact":
             ref += turns * s.max_new_tokens * step
+            for cpq in {int(j.rsplit("@", 1)[1]) for j in u["jobs"]}:
+                trees_s += cpq * prefill * step
             for job in u["jobs"]:
                 tree, cpq = job.rsplit("@", 1)
                 secs = int(cpq) * rules * s.draws * tree_steps(tree) * step
@@ -1122,7 +1125,7 @@ def estimate_cost(s: Setting, units: Sequence[dict], questions: Sequence[dict]) 
                 trees_s += secs
         else:
             cycles = turns * s.sampled["max_new_tokens"] / 2.5
-            samp += len(u["methods"]) * cycles * (tree_steps(u["tree"]) - prefill + 0.5) * step
+            samp += len(u["methods"]) * cycles * (tree_steps(u["tree"]) + 0.5) * step
     total = ref + trees_s + samp
     return {"total_s": total, "reference_s": ref, "trees_s": trees_s, "sampled_s": samp, "per_tree_s": per_tree,
             "device_label": c["device_label"]}
@@ -1134,7 +1137,7 @@ def _hms(sec: float) -> str:
 
 
 def dry_run_text(s: Setting, questions: Optional[Sequence[dict]], shard: tuple[int, int] = (0, 1),
-                 processes: int = 1) -> str:
+                 processes: int = 1, out: Optional[Path] = None) -> str:
     """The cells, units and cost estimate of a setting, without loading any model."""
     from evaluation.paper import PAPER_MODELS, paper_cell, paper_delta_pct, paper_note
     from evaluation.speed import order_groups
@@ -1187,7 +1190,34 @@ def dry_run_text(s: Setting, questions: Optional[Sequence[dict]], shard: tuple[i
              f"{_hms(est['total_s'] / max(processes, 1))} with {processes} processes")
     top = sorted(est["per_tree_s"].items(), key=lambda kv: -kv[1])[:5]
     L.append("  costliest trees: " + ", ".join(f"{t} {_hms(v)}" for t, v in top))
+    if out is not None:
+        L.append(measured_cost_text(s, units, Path(out), processes))
     return "\n".join(L)
+
+
+def measured_cost_text(s: Setting, units: Sequence[dict], out: Path, processes: int = 1) -> str:
+    """Units done in ``out`` and the time they took (as measured on this machine), and the rest projected."""
+    udir = units_dir(out, s)
+    done, secs = {"exact": 0, "sampled": 0}, {"exact": 0.0, "sampled": 0.0}
+    left = {"exact": 0, "sampled": 0}
+    for u in units:
+        rec = _read_unit(udir / f"{u['id']}.json")
+        try:
+            ok = unit_done(s, u, rec)
+        except ConfigError:
+            ok = False
+        if ok:
+            done[u["kind"]] += 1
+            secs[u["kind"]] += sum(rec.get("seconds", {}).values())
+        else:
+            left[u["kind"]] += 1
+    if not any(done.values()):
+        return f"measured: no unit of this plan done yet in {out}"
+    proj = sum(secs[k] / done[k] * left[k] for k in done if done[k])
+    unknown = [k for k in done if left[k] and not done[k]]
+    return (f"measured in {out}: {sum(done.values())} units done, {_hms(sum(secs.values()))} of unit time; the "
+            f"{sum(left.values())} left at that pace: {_hms(proj)} in one process, {_hms(proj / max(processes, 1))} "
+            f"with {processes}" + (f" (plus the {', '.join(unknown)} units, none measured yet)" if unknown else ""))
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -1232,7 +1262,7 @@ def main(argv: Optional[Sequence[str]] = None, *, loader: Optional[Callable] = N
                     qs = pick_questions(s, download=False)
                 except ConfigError:
                     qs = None
-                print(dry_run_text(s, qs, shard, args.processes))
+                print(dry_run_text(s, qs, shard, args.processes, out if (out / s.name).is_dir() else None))
                 continue
             qs = pick_questions(s)
             device = args.device
