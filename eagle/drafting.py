@@ -96,8 +96,10 @@ class EagleTreeDrafter:
         if d2t is None:
             return self.lm_head(hidden).float(), None
         d2t = d2t.to(hidden.device)
-        cached, rows, fast = self._draft_rows
         w = self.lm_head.weight
+        if w.device.type == "meta":  # an offloaded lm_head (its hook loads the weight): all logits, then K columns
+            return self.lm_head(hidden).float().index_select(-1, d2t), d2t
+        cached, rows, fast = self._draft_rows
         if (cached is None or cached is not self.head.d2t or rows.device != w.device or rows.dtype != w.dtype
                 or (fast is not None) != self.packed):
             rows = w.detach()[d2t].contiguous()  # [K, H], made once per draft vocabulary
@@ -122,8 +124,9 @@ class EagleTreeDrafter:
             of the root's children.
         """
         past = cache_length(head_cache)
-        pos = torch.arange(past, past + tokens.shape[1], device=tokens.device)[None]
-        out = self.head(tokens, features.to(self.head.fc.weight.dtype), position_ids=pos, cache=head_cache)
+        w = self.head.fc.weight  # the head's device: the lm_head's (a sharded target's features are moved here)
+        pos = torch.arange(past, past + tokens.shape[1], device=w.device)[None]
+        out = self.head(tokens.to(w.device), features.to(w.device, w.dtype), position_ids=pos, cache=head_cache)
         return out[0, -1]
 
     @torch.no_grad()

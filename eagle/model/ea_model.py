@@ -31,10 +31,32 @@ from ..tree import additive_mask, build_tree
 from ..tree.choices import MC_SIM_7B_63
 from ..rules import DRAFTING_RULES
 from ..verify.registry import get_verifier, select_verifier
+from .device import module_device, target_placement
 from .head import CheckpointMismatchError, EagleHead
 from .kv_cache import cache_kwargs, cache_length, keep_positions, new_cache
 
-__all__ = ["EaModel", "TreeLaws", "PartTimer", "TIMING_PARTS"]
+__all__ = ["EaModel", "TreeLaws", "PartTimer", "TIMING_PARTS", "TREE_MASK_ATTENTION", "check_tree_attention"]
+
+#: attention implementations that apply the 4D additive tree mask of the tree forward (plus the project's CPU
+#: tree attention, :data:`eagle.model.cpu_attention.CPU_TREE_SDPA`); None = transformers' default (sdpa/eager)
+TREE_MASK_ATTENTION = ("eager", "sdpa")
+
+
+def check_tree_attention(impl, who: str = "target") -> None:
+    """Refuse an attention implementation that cannot apply a tree mask (flash_attention_2/3, flex_attention,
+    paged or hub kernels...): they would ignore the 4D additive mask and attend causally across sibling
+    branches (wrong laws, silently). Refused rather than switched to sdpa behind the user's back: load the
+    target with ``attn_implementation="sdpa"`` (or ``"eager"``).
+
+    Raises:
+        ValueError: one line naming the implementation.
+    """
+    from .cpu_attention import CPU_TREE_SDPA
+
+    if impl is None or impl in TREE_MASK_ATTENTION or impl == CPU_TREE_SDPA:
+        return
+    raise ValueError(f"{who} attention implementation {impl!r} cannot apply the tree attention mask; load the "
+                     f"{who} with attn_implementation='sdpa' (or 'eager')")
 
 
 class EaModel(nn.Module):
@@ -75,6 +97,8 @@ class EaModel(nn.Module):
         if lm_head.weight.shape[0] != head.config.vocab_size:
             raise CheckpointMismatchError(
                 f"head vocab_size {head.config.vocab_size} != target vocabulary {lm_head.weight.shape[0]}")
+        check_tree_attention(getattr(cfg, "_attn_implementation", None))
+        check_tree_attention(getattr(head.config, "_attn_implementation", None), "head")
         self.drafter = EagleTreeDrafter(head, lm_head)
         self.set_verifier(verifier)
         self.fast_cpu = False
@@ -129,11 +153,14 @@ class EaModel(nn.Module):
             fast_cpu: ``"auto"`` (default: on for a float32 target on the CPU), True or False; see
                 :meth:`set_fast_cpu`.
             **hf_kwargs: passed to transformers (e.g. ``dtype=torch.float16``, ``device_map="cuda"``,
-                ``gguf_file=...``, ``attn_implementation="sdpa"``).
+                ``device_map="auto"`` (sharded over GPUs or offloaded: the head, drafting and laws then live
+                on the device of the target's ``lm_head``), ``gguf_file=...``, ``attn_implementation="sdpa"``
+                (flash / flex attention cannot apply the tree mask and is refused)).
 
         Raises:
             ValueError: no head given for a non-default base; the base's tokenizer files exist but fail
-                to load (the message names the cause, e.g. missing ``sentencepiece``).
+                to load (the message names the cause, e.g. missing ``sentencepiece``); the target's
+                attention implementation cannot apply a tree mask (:func:`check_tree_attention`).
             CheckpointMismatchError: head keys/shapes disagree with its config or with the target.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -148,13 +175,15 @@ class EaModel(nn.Module):
             raise ValueError("ea_model_path is required for a base model other than the default")
         base = AutoModelForCausalLM.from_pretrained(base_model_path, **hf_kwargs)
         base.eval()
+        check_tree_attention(getattr(base.config, "_attn_implementation", None))
         tok_kwargs = {k: hf_kwargs[k] for k in ("gguf_file", "revision", "token") if k in hf_kwargs}
         tokenizer = _load_tokenizer(AutoTokenizer, base_model_path, tok_kwargs)
         attn = getattr(base.config, "_attn_implementation", None) or "sdpa"
         if attn not in ("eager", "sdpa"):
             attn = "sdpa"
+        # the head drafts where the target's last hidden state meets lm_head (sharded targets: the last device)
         head = EagleHead.from_pretrained(ea_model_path, embedding=base.get_input_embeddings(), dtype=base.dtype,
-                                         device=base.device, attn_implementation=attn)
+                                         device=module_device(base.get_output_embeddings()), attn_implementation=attn)
         head.eval()
         if fast_cpu == "auto":  # on for a float32 target on the CPU
             fast_cpu = base.device.type == "cpu" and base.dtype == torch.float32
@@ -173,7 +202,14 @@ class EaModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.base_model.get_output_embeddings().weight.device
+        """Where the laws live: the device the target's ``lm_head`` computes on (head, drafting, tree
+        buffers, verifier, generator; see :class:`~eagle.model.device.Placement`)."""
+        return module_device(self.base_model.get_output_embeddings())
+
+    @property
+    def placement(self):
+        """:class:`~eagle.model.device.Placement` of the target (input / lm_head / CUDA devices)."""
+        return target_placement(self.base_model)
 
     @property
     def lm_head(self):
@@ -204,13 +240,17 @@ class EaModel(nn.Module):
             attention_mask: None (causal) or a 4D additive float mask ``[1, 1, n, past + n]``.
 
         Returns:
-            ``(features [1, n, H], logits [1, n, V])``; features are the last hidden states after the
-            final norm.
+            ``(features [1, n, H], logits [1, n, V])``, both on :attr:`device` (the lm_head's); features
+            are the last hidden states after the final norm. The inputs go to the device of the target's
+            input embedding (a sharded target moves activations between its layers itself).
         """
         body = self._body()
-        out = body(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+        inp = module_device(self.base_model.get_input_embeddings())
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(inp)
+        out = body(input_ids=input_ids.to(inp), position_ids=position_ids.to(inp), attention_mask=attention_mask,
                    use_cache=True, **cache_kwargs(body, cache))
-        hidden = out.last_hidden_state
+        hidden = out.last_hidden_state.to(self.device)
         if self.float32_logits and hidden.dtype != torch.float32:
             return hidden, self._float32_lm_head(hidden)
         return hidden, self.lm_head(hidden)
@@ -219,12 +259,15 @@ class EaModel(nn.Module):
         """Logits ``hidden.float() @ W.float()^T (+ b)`` with a cached float32 copy of the lm_head weight
         (``V x H x 4`` bytes: 0.5 GB for a 32k x 4096 head; refreshed if the weight tensor is replaced)."""
         w = self.lm_head.weight
+        if w.device.type == "meta":
+            raise ValueError("float32_logits needs the lm_head weight in memory, but it is offloaded; keep lm_head "
+                             "on a device (device_map) or use float32_logits=False")
         key = (w.data_ptr(), w.device, w.shape)
         if self._lm_head_f32 is None or self._lm_head_f32[0] != key:
             b = getattr(self.lm_head, "bias", None)
             self._lm_head_f32 = (key, w.detach().float(), None if b is None else b.detach().float())
         _, wf, bf = self._lm_head_f32
-        return nn.functional.linear(hidden.float(), wf, bf)
+        return nn.functional.linear(hidden.to(wf.device).float(), wf, bf)
 
     # ------------------------------------------------------------------ generation
     def _prepare(self, input_ids, max_new_tokens: int) -> torch.Tensor:
@@ -277,8 +320,9 @@ class EaModel(nn.Module):
         gen = self._generator(seed)
         stops = self.stop_token_ids()
         dev = self.device
-        timer = PartTimer(dev, enabled=return_stats)
-        _sync(dev)
+        syncs = self.placement.cuda
+        timer = PartTimer(dev, enabled=return_stats, sync_devices=syncs)
+        _sync(dev, syncs)
         t0 = time.perf_counter()
         timer.start()
         cache = new_cache(self.base_model.config)
@@ -299,7 +343,7 @@ class EaModel(nn.Module):
             pos = torch.tensor([[n + len(out) - 1]], device=dev)
             _, logits = self.target_forward(torch.tensor([[tok]], device=dev), pos, cache)
             timer.lap("target_forward")
-        _sync(dev)
+        _sync(dev, syncs)
         wall = time.perf_counter() - t0
         ids = torch.cat([input_ids, torch.tensor([out], device=dev)], dim=1)
         if not return_stats:
@@ -311,6 +355,7 @@ class EaModel(nn.Module):
     def _choose(self, verifier, temperature, top_p, top_k, tree_choices):
         """The per-call choices, made once: sampling config, verifier (temperature 0 -> "argmax"), tree."""
         cfg = _sampling_config(temperature, top_p, top_k)
+        check_tree_attention(getattr(self.base_model.config, "_attn_implementation", None))
         name = self.verifier if verifier is None else verifier
         v = _select_verifier(name, cfg)
         spec = tree_choices if tree_choices is not None else self.tree_choices
@@ -405,10 +450,11 @@ class EaModel(nn.Module):
         input_ids = self._prepare(input_ids, max_new_tokens)
         gen = self._generator(seed)
         stops = self.stop_token_ids()
-        dev = self.device
+        dev = self.device  # head, drafting, tree buffers, laws, generator (a sharded target: its lm_head's)
+        syncs = self.placement.cuda
         plan = tree.on(dev)
-        timer = PartTimer(dev, enabled=return_stats)
-        _sync(dev)
+        timer = PartTimer(dev, enabled=return_stats, sync_devices=syncs)
+        _sync(dev, syncs)
         t0 = time.perf_counter()
         timer.start()
 
@@ -472,7 +518,7 @@ class EaModel(nn.Module):
             pending_feats = tfeats[:, path]
             root = y
             timer.lap("cache_update")
-        _sync(dev)
+        _sync(dev, syncs)
         wall = time.perf_counter() - t0
         ids = torch.cat([input_ids, torch.tensor([out], device=dev)], dim=1)
         if not return_stats:
@@ -513,6 +559,7 @@ class EaModel(nn.Module):
                 parameters, NaN/inf logits.
         """
         cfg = _sampling_config(temperature, top_p, top_k)
+        check_tree_attention(getattr(self.base_model.config, "_attn_implementation", None))
         if drafting is None:
             drafting = _select_verifier(self.verifier.name, cfg).drafting
         if drafting not in DRAFTING_RULES:
@@ -580,14 +627,21 @@ TIMING_PARTS = ("draft", "target_forward", "target_laws", "verify", "cache_updat
 class PartTimer:
     """Wall time per part of the generation loop, summed over a call.
 
-    CPU: ``time.perf_counter`` between consecutive laps. CUDA: a CUDA event is recorded at every lap
-    (no host synchronisation inside the loop); the events are read once in :meth:`result`. A disabled
-    timer does nothing.
+    CPU: ``time.perf_counter`` between consecutive laps. CUDA: a CUDA event is recorded at every lap on
+    the current stream of ``device`` (the laws' device, e.g. ``cuda:1``; not the current device), with no
+    host synchronisation inside the loop; the events are read once in :meth:`result`, after every device
+    of ``sync_devices`` is synchronised. A target sharded over several GPUs: every part ends with a result
+    on ``device`` (tree-forward logits, laws, drafted tokens), and a cross-device copy orders the
+    destination stream after the source's work, so the events on ``device`` still bound each part (work
+    that only other devices do at the end of a part, e.g. their KV-cache update, is charged to the next
+    part that waits for it). A disabled timer does nothing.
     """
 
-    def __init__(self, device, enabled: bool = True):
+    def __init__(self, device, enabled: bool = True, sync_devices=()):
         self.enabled = enabled
-        self.cuda = enabled and torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.sync_devices = tuple(sync_devices)
+        self.cuda = enabled and self.device.type == "cuda"
         self.totals: dict[str, float] = defaultdict(float)
         self.excluded = 0.0
         self._events: list = []  # (part, start event, end event)
@@ -597,7 +651,10 @@ class PartTimer:
     def _mark(self):
         if self.cuda:
             e = torch.cuda.Event(enable_timing=True)
-            e.record()
+            if self.device.type == "cuda":  # the laws device's stream (not the current device's)
+                e.record(torch.cuda.current_stream(self.device))
+            else:
+                e.record()
             return e
         return time.perf_counter()
 
@@ -634,7 +691,7 @@ class PartTimer:
             return {}
         excluded = 0.0
         if self.cuda:
-            torch.cuda.synchronize()
+            _sync(self.device, self.sync_devices)
             for part, a, b in self._events:
                 dt = a.elapsed_time(b) / 1e3
                 if part == "_excluded":
@@ -677,9 +734,11 @@ def _next_token(logits: torch.Tensor, cfg: SamplingConfig, gen) -> int:
     return int(sample_from(logits_to_probs(logits, cfg), gen))
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+def _sync(device, others=()) -> None:
+    """Wait for ``device`` and every CUDA device in ``others`` (a sharded target's)."""
+    for d in {torch.device(device), *map(torch.device, others)}:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
 
 
 # ---------------------------------------------------------------------- registry door

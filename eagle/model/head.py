@@ -28,6 +28,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from .device import module_device
 from .kv_cache import cache_kwargs
 
 __all__ = ["EagleHead", "CheckpointMismatchError", "head_config_from_base", "add_layer"]
@@ -154,7 +155,8 @@ class EagleHead(nn.Module):
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past, past + n, device=input_ids.device)[None].expand(b, n)
-        emb = self.embed_tokens(input_ids).to(features.dtype)
+        # the embedding is the target's (tied): on a sharded target it lives on the first device, the head on the last
+        emb = self.embed_tokens(input_ids.to(module_device(self.embed_tokens))).to(features.device, features.dtype)
         x = self.fc(torch.cat([emb, features], dim=-1))
         if attention_mask is None and n > 1 and past > 0:
             attention_mask = _causal_additive(n, past, x.dtype, x.device)
