@@ -1041,14 +1041,8 @@ def plot_report(rep: dict, out_dir: Path) -> list[str]:
             ax.set_title(f"tree {tree}", fontsize=9)
             ax.set_xlabel("temperature")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel(f"Δ τ vs {method_label(rep['reference'])} (%)")
         axes[0][0].legend(fontsize=7)
-        fig.suptitle(("SMOKE RUN: " if rep["quick"] else "") + "exact τ, Δ ± SE (stars: paper)", fontsize=9)
-        fig.tight_layout()
-        p = out_dir / "table3_delta.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        names.append(p.name)
+        names.append(_save_panels(fig, axes, rep, "exact τ, Δ ± SE (stars: paper)", out_dir / "table3_delta.png"))
     dw = [c for c in rep["cells"] if c["layout"] == "depth_width" and c.get("exact")]
     if dw:
         import re
@@ -1069,14 +1063,21 @@ def plot_report(rep: dict, out_dir: Path) -> list[str]:
             ax.set_xlabel("tree depth D")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-        axes[0][0].set_ylabel(f"Δ τ vs {method_label(rep['reference'])} (%)")
-        fig.suptitle(("SMOKE RUN: " if rep["quick"] else "") + "exact τ on KxD trees, Δ ± SE", fontsize=9)
-        fig.tight_layout()
-        p = out_dir / "figure4_delta.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        names.append(p.name)
+        names.append(_save_panels(fig, axes, rep, "exact τ on KxD trees, Δ ± SE", out_dir / "figure4_delta.png"))
     return names
+
+
+def _save_panels(fig, axes, rep: dict, title: str, path: Path) -> str:
+    """Label the first panel's y axis, title the figure (SMOKE RUN when --quick), write the PNG; its file name."""
+    from evaluation.plots import plt
+    from evaluation.tables import method_label
+
+    axes[0][0].set_ylabel(f"Δ τ vs {method_label(rep['reference'])} (%)")
+    fig.suptitle(("SMOKE RUN: " if rep["quick"] else "") + title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def write_report(s: Setting, questions: Sequence[dict], out: Path, plots: bool = True) -> tuple[dict, Path]:
