@@ -134,16 +134,20 @@ def draw_with_uniforms(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Returns:
         LongTensor ``[...]``: per row the first token x with cdf(x) > u * total. A zero-probability
         token is never returned when the row has mass (where u * total rounds up to the total, the
-        last token with positive probability); a row without mass gives 0 (callers fall back first).
+        first token where the cdf reaches the total, a token with positive probability); a row
+        without mass gives 0 (callers fall back first). One cumsum and two binary searches: no
+        other pass over the row.
     """
     V = rows.shape[-1]
     flat = rows.reshape(-1, V)
     cdf = torch.cumsum(flat, -1)
-    x = (u.reshape(-1, 1).to(torch.float64) * cdf[:, -1:].to(torch.float64)).to(cdf.dtype)
-    i = torch.searchsorted(cdf, x, right=True).squeeze(-1)
-    ids = torch.arange(V, device=rows.device)
-    last = torch.where(flat > 0, ids, torch.zeros_like(ids)).amax(-1)  # the last positive token (0 if none)
-    return torch.minimum(i, last).reshape(rows.shape[:-1])
+    total = cdf[:, -1:]
+    x = (u.reshape(-1, 1).to(torch.float64) * total.to(torch.float64)).to(cdf.dtype)
+    i = torch.searchsorted(cdf, x, right=True)
+    # the cdf is non-decreasing up to the total: the first x with cdf(x) >= total has cdf(x - 1) < total,
+    # so positive probability (0 for a row without mass)
+    reach = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(i, reach).reshape(rows.shape[:-1])
 
 
 def sample_with_uniform(row: torch.Tensor, u: float) -> int:

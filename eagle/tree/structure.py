@@ -103,12 +103,21 @@ class DeviceTables:
         width: tuple of ints, per depth d: the most children a node of depth d has (0 at the deepest
             depth), so a walk at depth d looks at ``children[v, :width[d]]`` only.
         postorder: LongTensor ``[N]``, the post-order of :class:`TreeStructure`.
+        children_safe: LongTensor ``[N, mmax]``: ``children`` with every padding slot replaced by
+            the first child (by the node itself at a leaf). A scatter through these slots writes
+            each padding slot's column with the value of a real slot (or leaves a leaf's own
+            token's column to the caller), so it never races with a real child's write.
+        parent: LongTensor ``[N]``: the parents, the root's replaced by 0 (a valid row index).
+        rank: LongTensor ``[mmax]``: 0..mmax-1, the child ranks of a row of ``children``.
     """
 
     children: torch.Tensor
     num_children: torch.Tensor
     width: tuple
     postorder: torch.Tensor
+    children_safe: torch.Tensor
+    parent: torch.Tensor
+    rank: torch.Tensor
 
 
 @lru_cache(maxsize=256)
@@ -120,7 +129,11 @@ def device_tables(parents: tuple, device: str = "cpu") -> DeviceTables:
     width = [0] * (max(st.depth) + 1)
     for v, c in enumerate(st.children):
         width[st.depth[v]] = max(width[st.depth[v]], len(c))
+    safe = [list(c) + [c[0] if c else v] * (mmax - len(c)) for v, c in enumerate(st.children)]
     dev = torch.device(device)
     return DeviceTables(children=torch.tensor(pad, dtype=torch.long, device=dev),
                         num_children=torch.tensor([len(c) for c in st.children], dtype=torch.long, device=dev),
-                        width=tuple(width), postorder=st.postorder_t.to(dev))
+                        width=tuple(width), postorder=st.postorder_t.to(dev),
+                        children_safe=torch.tensor(safe, dtype=torch.long, device=dev),
+                        parent=torch.tensor([max(p, 0) for p in st.parents], dtype=torch.long, device=dev),
+                        rank=torch.arange(mmax, dtype=torch.long, device=dev))
