@@ -26,6 +26,11 @@ with its numbers:
    answers counted), feature recompute (``eagle.train.features.build_feature_shard``) within 2e-3 of
    the CPU's, then multi-step training steps (``unrolled_loss``, depth 3, feature noise and CE subsets
    drawn with a device generator): the loss must fall and the depth-wise evaluation must run.
+8. ``placement_cuda1`` (only when more than one GPU is visible; skipped and ok otherwise, the CPU dry run
+   included): a tiny float32 model on ``cuda:1`` (not the current device) generates at temperature 0 what
+   it generates on the first GPU, seeded temperature-1 runs repeat, the part timing is recorded; then the
+   same model split over ``cuda:0`` (embedding, first layer) and ``cuda:1`` (the rest, lm_head, head)
+   with accelerate's ``dispatch_model`` (when accelerate is installed) generates the same tokens.
 
 Output: ``device_check.json`` and ``device_check.md`` (a table) under ``--out`` (default ``$OUT`` if set,
 else ``runs/device_check``); exit status 1 when a check failed.
@@ -355,6 +360,47 @@ def check_head_training(device, dry: bool):
     return ok, out
 
 
+def check_placement_cuda1(device, dry: bool):
+    """Issue 49 item 5 on two GPUs: ``cuda:1`` and a target sharded over ``cuda:0`` / ``cuda:1``."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type != "cuda" or n < 2:
+        return True, {"skipped": f"needs 2 GPUs ({n} visible{', dry run' if dry else ''})"}
+    ids = [1, 2, 3, 4, 5, 6]
+    out = {}
+
+    def fresh():
+        return tiny_ea_model(vocab_size=64, seed=5, aligned=True)
+
+    ref = fresh().to("cuda:0").eagenerate(torch.tensor([ids], device="cuda:0"), max_new_tokens=32, tree_choices="2x5")
+    m1 = fresh().to("cuda:1")
+    a = m1.eagenerate(torch.tensor([ids]), max_new_tokens=32, tree_choices="2x5")
+    out["cuda1_t0_equal"] = a.tolist() == ref.tolist()
+    runs = [m1.eagenerate(torch.tensor([ids]), temperature=1.0, max_new_tokens=24, tree_choices="2x5", verifier=v,
+                          seed=7, return_stats=True) for v in ("univer", "univer")]
+    out["cuda1_seeded_same"] = runs[0][0].tolist() == runs[1][0].tolist()
+    out["cuda1_timing"] = runs[0][1]["timing"]
+    out["cuda1_placement"] = str(m1.placement)
+    ok = out["cuda1_t0_equal"] and out["cuda1_seeded_same"] and runs[0][1]["timing"]["target_forward"] > 0
+    try:
+        from accelerate import dispatch_model
+    except ImportError:
+        out["sharded"] = "skipped: accelerate is not installed"
+        return ok, out
+    ms = fresh()
+    dmap = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "model.norm": 1,
+            "model.rotary_emb": 1, "lm_head": 1}
+    dispatch_model(ms.base_model, device_map=dmap)
+    for name, child in ms.ea_layer.named_children():  # the head beside lm_head; its tied embedding stays put
+        if name != "embed_tokens":
+            child.to("cuda:1")
+    out["sharded_placement"] = str(ms.placement)
+    b, st = ms.eagenerate(torch.tensor([ids]), max_new_tokens=32, tree_choices="2x5", return_stats=True)
+    out["sharded_t0_equal"] = b.tolist() == ref.tolist()
+    ms.eagenerate(torch.tensor([ids]), temperature=1.0, max_new_tokens=16, tree_choices="2x5", verifier="univer", seed=1)
+    out["sharded_timing"] = st["timing"]
+    return ok and out["sharded_t0_equal"] and ms.placement.sharded, out
+
+
 def table(results: dict) -> str:
     lines = ["| check | ok | seconds | summary |", "|---|---|---|---|"]
     for name, r in results["checks"].items():
@@ -386,6 +432,11 @@ def _summary(name, detail) -> str:
     if name == "head_training":
         return (f"answers equal {detail['answers_equal']}/{detail['answers']}, |feature err| "
                 f"{detail['feature_max_abs_err']:.1e}, loss {detail['first_loss']:.3f} -> {detail['last_loss']:.3f}")
+    if name == "placement_cuda1":
+        if "skipped" in detail:
+            return "skipped: " + detail["skipped"]
+        return (f"cuda:1 T0 equal {detail['cuda1_t0_equal']}, seeded same {detail['cuda1_seeded_same']}, sharded "
+                f"T0 equal {detail.get('sharded_t0_equal', detail.get('sharded'))}")
     return ""
 
 
@@ -397,6 +448,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=280.0, help="skip the remaining checks after this many seconds")
     args = ap.parse_args(argv)
     device = torch.device(args.device or ("cpu" if args.dry_run else "cuda"))
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # tiny shapes gain nothing from threads; on a shared CPU they spin against each other
     if device.type == "cuda" and not torch.cuda.is_available():
         print("device_check: CUDA is not available (use --dry-run for the CPU version)", file=sys.stderr)
         return 2
@@ -444,6 +497,7 @@ def main(argv=None) -> int:
         run("seeded_7b", lambda: check_seeded(device, big_model(), "7b", 8 if args.dry_run else 32))
         run("bench_verify", lambda: check_bench_verify(device, args.dry_run))
         run("head_training", lambda: check_head_training(device, args.dry_run))
+        run("placement_cuda1", lambda: check_placement_cuda1(device, args.dry_run))
     results["seconds"] = time.perf_counter() - t_start
     (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
     md = table(results)
