@@ -11,6 +11,8 @@ Uniforms (pure kernel): ``uniforms[i, 0]`` is the acceptance coin of node i as t
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from eagle.rules import positive_part, remaining_mass, remaining_masses, removed_mask
@@ -61,6 +63,16 @@ def single_step_plan(B: torch.Tensor, q: torch.Tensor, child_tokens: list[int]) 
     return plan
 
 
+@lru_cache(maxsize=256)
+def _slot_tables(parents: tuple, device: str):
+    """Static per-node slot tables of one tree shape on ``device`` (cached): ``(top [N, mmax]`` bool,
+    the top-(m-1) slots; ``last [N, 1]`` long, the slot of u_m (0 at a leaf); ``inner [N]`` bool)."""
+    tab = device_tables(parents, device)
+    m = tab.num_children.view(-1, 1)
+    top = (tab.children >= 0) & (tab.rank.view(1, -1) < m - 1)
+    return top, (m - 1).clamp(min=0), tab.num_children > 0
+
+
 def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                   uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One Greedy-method decision as a pure function of ``uniforms``, on the laws' device with no host read.
@@ -75,46 +87,76 @@ def greedy_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.T
         a_m = min(1, B(u_m) / Q(u_m)); else x ~ norm(max(B - Q, 0)) with B kept on the top tokens
         (the single-step plan, :func:`single_step_plan`); move to x if it is a top child. A node
         where the walk stopped stays (its later steps are computed and discarded).
+
+    The draw of x is an inverse CDF over the top children first (in rank order, masses B(u_i)),
+    then the other tokens: with R = sum_i B(u_i) + G, G = sum over the non-children of
+    max(B - Q, 0) (one dense pass per depth), s = uniforms[v, 1] R hits top child i when it is
+    below the running sum of B(u_i); otherwise y is drawn at the end, once, from max(B - Q, 0) on
+    the non-children with the uniform (s - sum_i B(u_i)) / G. Fallbacks (probability 0): where
+    R = 0 (a < 1 but the residual below rounding) y ~ M_b off the children, or M_b itself.
     """
     dev = target_probs.device
+    f64 = torch.float64
+    V = target_probs.shape[1]
     tab = device_tables(st.parents, str(dev))
-    tokens, u0, u1 = tokens.to(dev), uniforms[:, 0], uniforms[:, 1]
+    top, last_col, inner = _slot_tables(st.parents, str(dev))
+    tokens = tokens.to(dev)
+    u0, u1 = uniforms[:, 0], uniforms[:, 1]
+    # per node, at its children (static over the walk): tokens, B and q there, the top masses
+    ctok = tokens[tab.children_safe]  # [N, mmax]; padding slots repeat the first child
+    rows = torch.arange(st.num_nodes, device=dev).view(-1, 1)
+    Bc = target_probs[rows, ctok].to(f64).masked_fill_(~top, 0.0)  # B(u_i) on the top slots
+    last_tok = ctok.gather(1, last_col)  # [N, 1]
+    B_last = target_probs[rows, last_tok].to(f64)[:, 0]
+    q_last = draft_probs[rows, last_tok].to(f64)[:, 0]
+    cum = Bc.cumsum(1)  # [N, mmax] running sums over the top slots
+    u0_last = u0[tab.children_safe.gather(1, last_col)[:, 0]]  # the acceptance coin of u_m
     v = torch.zeros(1, dtype=torch.long, device=dev)
     stopped = torch.zeros(1, dtype=torch.bool, device=dev)
-    y = torch.zeros(1, dtype=torch.long, device=dev)
+    lam_end = torch.zeros(1, dtype=f64, device=dev)  # c where y ~ max(B - Q, 0), 0 for M_b
+    zero_end = torch.zeros(1, dtype=torch.bool, device=dev)  # zero the children in y's row
+    u_end = torch.zeros(1, dtype=f64, device=dev)  # the uniform of y's draw
+    Bo = torch.empty(1, V, dtype=target_probs.dtype, device=dev)  # B off the children
+    qo = torch.empty(1, V, dtype=draft_probs.dtype, device=dev)  # q off the children
+    buf = torch.empty(1, V, dtype=target_probs.dtype, device=dev)
     for w in tab.width:
-        B = target_probs.index_select(0, v)  # [1, V]
-        if w == 0:  # only leaves at this depth: y ~ M_b(.|leaf)
-            y = torch.where(stopped, y, draw_with_uniforms(B, u1.index_select(0, v)))
+        if w == 0:
             break
-        ch = tab.children.index_select(0, v)[:, :w]  # [1, w], -1 = none
-        m = tab.num_children.index_select(0, v)  # [1]
-        cols = torch.arange(w, device=dev)
-        valid = ch >= 0
-        ctok = tokens[ch.clamp(min=0)]
-        top, is_last = valid & (cols < m - 1), valid & (cols == m - 1)
-        q = draft_probs.index_select(0, v)
-        c = 1.0 / remaining_masses(q, ctok, top).clamp_min(1e-300)  # [1] float64
-        last_c = torch.where(is_last, ch, 0).sum(1)  # u_m (0 at a leaf)
-        last_t = tokens[last_c]
-        Q_last = c * q.gather(1, last_t.view(1, 1))[:, 0].double()
-        a = torch.where(Q_last > 0, B.gather(1, last_t.view(1, 1))[:, 0].double() / Q_last.clamp_min(1e-300), 0.0)
-        accept = (m > 0) & (u0.index_select(0, last_c) < a.clamp(max=1.0))
-        # x ~ norm(max(B - Q, 0)) (Q = 0 on the top tokens, B(u_m) < Q(u_m) after a rejection)
-        r = positive_part(B, q, c.view(1, 1))
-        r = torch.where(removed_mask(r, ctok, top), B, r).masked_fill(removed_mask(r, ctok, is_last), 0.0)
-        off = B.masked_fill(removed_mask(B, ctok, valid), 0.0)  # the residual is below rounding (B ~ Q)
-        has_r, has_off = (m > 0) & (r.sum(1) > 0), (m > 0) & (off.sum(1) > 0)  # a leaf: y ~ B
-        x = draw_with_uniforms(torch.where(has_r[:, None], r, torch.where(has_off[:, None], off, B)),
-                               u1.index_select(0, v))
-        hit = top & (ctok == x[:, None]) & (has_r | has_off)[:, None]
-        moves = (m > 0) & (accept | hit.any(1))
-        nxt = torch.where(accept, last_c, torch.where(hit, ch, 0).sum(1))
+        ct = ctok.index_select(0, v)  # [1, mmax]
+        torch.index_select(target_probs, 0, v, out=Bo).scatter_(1, ct, 0.0)
+        torch.index_select(draft_probs, 0, v, out=qo).scatter_(1, ct, 0.0)
+        is_inner = inner.index_select(0, v)
+        # c = 1 / (the draft mass off the top tokens) = 1 / (mass off the children + q(u_m)), summed directly
+        ql = q_last.index_select(0, v)
+        c = 1.0 / (qo.sum(1).to(f64) + ql).clamp_min(1e-300)  # [1]
+        Q_last = c * ql
+        a = torch.where(Q_last > 0, B_last.index_select(0, v) / Q_last.clamp_min(1e-300), 0.0)
+        accept = is_inner & (u0_last.index_select(0, v) < a)
+        G = positive_part(Bo, qo, c.view(1, 1), out=buf).sum(1).to(f64)  # [1]
+        cv = cum.index_select(0, v)  # [1, mmax]
+        top_mass = cv[:, -1]
+        R = G + top_mass
+        has_r = is_inner & (R > 0)
+        has_g = has_r & (G > 0)
+        s = u1.index_select(0, v) * R
+        hit = top.index_select(0, v) & (s.view(1, 1) < cv) & has_r.view(1, 1)
+        moves = accept | hit.any(1)
+        nxt = torch.where(accept, tab.children.index_select(0, v).gather(1, last_col.index_select(0, v))[:, 0],
+                          tab.children.index_select(0, v).gather(1, hit.to(torch.uint8).argmax(1, keepdim=True))[:, 0])
         ends = ~stopped & ~moves
-        y = torch.where(ends, x, y)
+        u_here = torch.where(has_g, ((s - top_mass) / G.clamp_min(1e-300)).clamp_(0.0, 1.0), u1.index_select(0, v))
+        lam_end = torch.where(ends, torch.where(has_g, c, 0.0), lam_end)
+        zero_end = torch.where(ends, has_g | (is_inner & (Bo.sum(1) > 0)), zero_end)
+        u_end = torch.where(ends, u_here, u_end)
         stopped = stopped | ends
         v = torch.where(stopped, v, nxt)
-    return v[0], y[0]
+    # a walk that never stopped ends at a leaf of the deepest depth: y ~ M_b there
+    lam_end, zero_end = lam_end.masked_fill(~stopped, 0.0), zero_end & stopped
+    u_end = torch.where(stopped, u_end, u1.index_select(0, v))
+    row = positive_part(target_probs.index_select(0, v), draft_probs.index_select(0, v), lam_end.view(1, 1))
+    ct = ctok.index_select(0, v)
+    row.scatter_(1, ct, row.gather(1, ct).masked_fill_(zero_end.view(1, 1), 0.0))  # padding repeats slot 0
+    return v[0], draw_with_uniforms(row, u_end)[0]
 
 
 def greedy_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,

@@ -51,67 +51,64 @@ def rrsw_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Ten
     tokens, u0, u1 = tokens.to(dev), uniforms[:, 0], uniforms[:, 1]
     f64 = torch.float64
     V = target_probs.shape[1]
-    # B and q of every node's own token at its parent (the root's entries are unused)
-    Bt = target_probs[tab.parent, tokens].to(f64)  # [N]
-    qt = draft_probs[tab.parent, tokens].to(f64)  # [N]
+    # per node, at its children (padding slots repeat the first child, their values zeroed):
+    # B(u_i), q(u_i), the suffix sums sum_{i' >= i} q(u_i') and the coins, packed for one gather per depth
+    ctok = tokens[tab.children_safe]  # [N, mmax]
+    valid = tab.children >= 0
+    rows = torch.arange(st.num_nodes, device=dev).view(-1, 1)
+    b_all = target_probs[rows, ctok].to(f64).masked_fill_(~valid, 0.0)
+    q_all = draft_probs[rows, ctok].to(f64).masked_fill_(~valid, 0.0)
+    pack = torch.stack([b_all, q_all, q_all.flip(1).cumsum(1).flip(1), u0[tab.children_safe]], 1)  # [N, 4, mmax]
+    zero = torch.zeros(1, 1, dtype=f64, device=dev)
+    one = torch.ones(1, 1, dtype=f64, device=dev)
     v = torch.zeros(1, dtype=torch.long, device=dev)
     stopped = torch.zeros(1, dtype=torch.bool, device=dev)
-    lam_end = torch.zeros(1, dtype=f64, device=dev)  # L_J at the node where the walk stops
-    rej_end = torch.zeros(1, dtype=torch.long, device=dev)  # J, its rejected children
-    Bo = torch.empty(1, V, dtype=target_probs.dtype, device=dev)  # B off the children
-    qo = torch.empty(1, V, dtype=draft_probs.dtype, device=dev)  # q off the children
-    buf = torch.empty(1, V, dtype=target_probs.dtype, device=dev)
+    lam_end = torch.zeros(1, 1, dtype=f64, device=dev)  # L_J at the node where the walk stops
+    rej_end = torch.zeros(1, 1, dtype=torch.long, device=dev)  # J, its rejected children
+    row32 = torch.empty(1, V, dtype=target_probs.dtype, device=dev)
+    Bo = torch.empty(1, V, dtype=f64, device=dev)  # B off the children (float64: L up to LAMBDA_CAP)
+    qo = torch.empty(1, V, dtype=f64, device=dev)  # q off the children
+    buf = torch.empty(1, V, dtype=f64, device=dev)
     for w in tab.width:
         if w == 0:
             break
-        ch = tab.children.index_select(0, v)[:, :w]  # [1, w], -1 = none
-        safe = tab.children_safe.index_select(0, v)[:, :w]
-        valid = ch >= 0
-        ctok = tokens[safe]  # [1, w]; padding slots repeat the first child
-        b, qc = Bt[safe].masked_fill(~valid, 0.0), qt[safe].masked_fill(~valid, 0.0)  # [1, w] float64
-        torch.index_select(target_probs, 0, v, out=Bo).scatter_(1, ctok, 0.0)
-        torch.index_select(draft_probs, 0, v, out=qo).scatter_(1, ctok, 0.0)
-        q_off = qo.sum(1, keepdim=True).to(f64)  # [1, 1]
-        # qm_j = q_off + sum_{i >= j} q(u_i): the draft mass before testing u_j
-        qm = q_off + qc.flip(1).cumsum(1).flip(1)  # [1, w]
-        lam = torch.zeros(1, 1, dtype=f64, device=dev)  # L_0
-        pm = torch.ones(1, 1, dtype=f64, device=dev)  # pm_0
-        lams, accs = [lam], []
-        for j in range(w):
-            bj, qj, qmj = b[:, j:j + 1], qc[:, j:j + 1], qm[:, j:j + 1]
-            pt = (bj - lam * qj).clamp_(min=0.0) / pm
-            qn = qj / qmj.clamp_min(1e-300)
-            accs.append(torch.where(qn > 0, pt / qn.clamp_min(1e-300), 0.0))
-            # rejection of u_j: L <- L + pm / qm; pm <- G(L) + the children after u_j
-            nlam = (lam + pm / qmj.clamp_min(1e-300)).clamp_(max=LAMBDA_CAP)
-            nlam = torch.where(valid[:, j:j + 1], nlam, lam)
+        pk = pack.index_select(0, v)[0, :, :w]  # [4, w]
+        b, qc, qsuf, coin = pk[0:1], pk[1:2], pk[2:3], pk[3:4]  # [1, w] each
+        ct = ctok.index_select(0, v)
+        Bo.copy_(torch.index_select(target_probs, 0, v, out=row32)).scatter_(1, ct, 0.0)
+        qo.copy_(torch.index_select(draft_probs, 0, v, out=row32)).scatter_(1, ct, 0.0)
+        qm = qo.sum(1, keepdim=True) + qsuf  # [1, w]: qm_j, the draft mass before testing u_j
+        lam, pm = zero, one
+        lams, pms = [lam], [pm]
+        for j in range(w):  # slots past the last child give values that are never read
+            # rejection of u_j: L <- L + pm / qm_j; pm <- G(L) + the children after u_j
+            lam = (lam + pm / qm[:, j:j + 1].clamp_min(1e-300)).clamp_(max=LAMBDA_CAP)
             if j + 1 < w:
-                dense = positive_part(Bo, qo, nlam, out=buf).sum(1, keepdim=True).to(f64)
-                rest = ((b[:, j + 1:] - nlam * qc[:, j + 1:]).clamp_(min=0.0)).sum(1, keepdim=True)
-                npm = dense + rest
+                dense = torch.addcmul(Bo, qo, lam, value=-1.0, out=buf).clamp_(min=0.0).sum(1, keepdim=True)
+                npm = dense + torch.addcmul(b[:, j + 1:], qc[:, j + 1:], lam, value=-1.0).clamp_(min=0.0).sum(1, keepdim=True)
                 keep = npm > 0  # 0 only where u_j is accepted surely; keep p then
-                lam, pm = torch.where(keep, nlam, lam), torch.where(keep, npm, pm)
-            else:
-                lam = nlam
+                lam, pm = torch.where(keep, lam, lams[-1]), torch.where(keep, npm, pm)
+                pms.append(pm)
             lams.append(lam)
-        a = torch.cat(accs, 1)  # [1, w] acceptance probabilities of u_1..u_w (each after the earlier rejections)
-        accept = valid & (u0[safe] < a)
-        moved = accept.any(1)
-        first = accept.to(torch.uint8).argmax(1)  # the first accepted rank
-        nrej = torch.where(moved, first, valid.sum(1))  # rejected children at v
+        L, P = torch.cat(lams[:w], 1), torch.cat(pms, 1)  # [1, w]: L_j, pm_j before testing u_j
+        # a_j = min(1, p(u_j) / q(u_j)) with p(u_j) = max(B(u_j) - L_j q(u_j), 0) / pm_j, q(u_j) = q(u_j) / qm_j
+        a = torch.where(qc > 0, torch.addcmul(b, L, qc, value=-1.0).clamp_(min=0.0) * qm / (P * qc.clamp_min(1e-300)), 0.0)
+        vl = valid.index_select(0, v)[:, :w]
+        accept = vl & (coin < a)
+        moved = accept.any(1, keepdim=True)
+        first = accept.to(torch.uint8).argmax(1, keepdim=True)  # the first accepted rank
+        nrej = torch.where(moved, first, vl.sum(1, keepdim=True))  # rejected children at v
         ends = ~stopped & ~moved
-        lam_end = torch.where(ends, torch.cat(lams, 1).gather(1, nrej.view(1, 1))[:, 0], lam_end)
+        lam_end = torch.where(ends, torch.cat(lams, 1).gather(1, nrej), lam_end)
         rej_end = torch.where(ends, nrej, rej_end)
         stopped = stopped | ends
-        v = torch.where(stopped, v, ch.gather(1, first.view(1, 1))[:, 0])
+        v = torch.where(stopped[:, 0], v, tab.children.index_select(0, v).gather(1, first)[:, 0])
     # y ~ p_J = max(B - L_J q, 0) with the J rejected children zeroed (B itself at a leaf: L_0 = 0)
-    row = positive_part(target_probs.index_select(0, v), draft_probs.index_select(0, v), lam_end.view(1, 1))
-    safe = tab.children_safe.index_select(0, v)
-    ctok = tokens[safe]
-    removed = (tab.rank < rej_end) & (tab.children.index_select(0, v) >= 0)
-    vals = row.gather(1, ctok).masked_fill_(removed, 0.0)
-    vals = vals.gather(1, torch.zeros_like(safe)).where(~(tab.children.index_select(0, v) >= 0), vals)  # padding = slot 0
-    row.scatter_(1, ctok, vals)
+    row = positive_part(target_probs.index_select(0, v), draft_probs.index_select(0, v), lam_end)
+    ct = ctok.index_select(0, v)
+    vl = valid.index_select(0, v)
+    removed = ((tab.rank < rej_end) & vl).gather(1, torch.where(vl, tab.rank, 0))  # padding: slot 0's flag
+    row.scatter_(1, ct, row.gather(1, ct).masked_fill_(removed, 0.0))
     return v[0], draw_with_uniforms(row, u1.index_select(0, v))[0]
 
 
