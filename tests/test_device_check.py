@@ -16,8 +16,9 @@ def test_device_check_dry_run(tmp_path):
     res = json.loads((tmp_path / "device_check.json").read_text())
     assert res["env"]["dry_run"] and res["env"]["device"] == "cpu"
     expected = {"verifier_laws", "temperature0", "temperature1_law", "seeded_tiny", "cycle_7b", "seeded_7b",
-                "bench_verify", "head_training"}
+                "bench_verify", "head_training", "placement_cuda1"}
     assert set(res["checks"]) == expected and all(c["ok"] for c in res["checks"].values())
+    assert res["checks"]["placement_cuda1"]["summary"].startswith("skipped: needs 2 GPUs")  # no GPU here
     cyc = res["checks"]["cycle_7b"]["detail"]
     assert set(cyc) == {"2x5", "mc_sim_7b_63"} and all(row["tree_forward_ms"] > 0 for row in cyc.values())
     assert "tree forward ms" in (tmp_path / "device_check.md").read_text()
