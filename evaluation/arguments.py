@@ -295,15 +295,20 @@ def check_head(head: Optional[str], model: str) -> Optional[str]:
 
 
 def check_question_file(path: Optional[str], categories: Optional[Sequence[str]], per_category: Optional[int],
-                        download: bool = True) -> list[dict]:
-    """Resolve, load and select the questions (see :mod:`evaluation.questions`).
+                        download: bool = True, question_set: str = "all") -> list[dict]:
+    """Resolve, load and select the questions (see :mod:`evaluation.questions`): from ``question_set``
+    (``all``, ``selection`` = the first 10 per group, on which the shipped head was chosen, or ``report``
+    = every other question, :func:`evaluation.questions.question_sets`), then ``per_category`` per group.
 
     Raises:
         UsageError: ``--question-file`` (missing, unreadable, malformed, offline without a copy),
-            ``--categories`` (unknown name) or ``--per-category`` (< 1).
+            ``--question-set``, ``--categories`` (unknown name) or ``--per-category`` (< 1).
     """
-    from evaluation.questions import QuestionFileError, load_questions, resolve_question_file, select_questions
+    from evaluation.questions import (QUESTION_SETS, QuestionFileError, load_questions, question_sets,
+                                      resolve_question_file, select_questions)
 
+    if question_set not in QUESTION_SETS:
+        raise UsageError("--question-set", f"use one of {', '.join(QUESTION_SETS)}, got {question_set!r}")
     if per_category is not None:
         per_category = check_positive_int("--per-category", per_category)
     try:
@@ -311,6 +316,8 @@ def check_question_file(path: Optional[str], categories: Optional[Sequence[str]]
         qs = load_questions(qfile)
     except (FileNotFoundError, QuestionFileError, OSError, ValueError, UnicodeDecodeError) as e:
         raise UsageError("--question-file", str(e)) from None
+    if question_set != "all":
+        qs = question_sets(qs)[question_set]
     try:
         sel = select_questions(qs, categories, per_category)
     except ValueError as e:
@@ -512,6 +519,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--per-category", default=None,
                     help="N questions per category group (mt_bench: N in total over its sub-categories); default all")
     ap.add_argument("--categories", nargs="+", default=None, help="groups (mt_bench translation ...); default all")
+    ap.add_argument("--question-set", default="all", choices=("all", "selection", "report"),
+                    help="all questions, the head's selection set (the first 10 per group, on which the shipped head "
+                         "was chosen) or the report set (every other question); --per-category then takes N per group")
     ap.add_argument("--max-new-tokens", default=None, help="per turn (default 256)")
     ap.add_argument("--question-file", default=None,
                     help="Spec-Bench question.jsonl (default data/spec_bench/question.jsonl, downloaded and "
@@ -597,7 +607,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
         raise
     head = check_head(args.head, model)
     template = check_template(args.template, model)
-    questions = check_question_file(args.question_file, args.categories, per_cat)
+    questions = check_question_file(args.question_file, args.categories, per_cat,
+                                    question_set=getattr(args, "question_set", "all"))
     out = args.out or f"runs/specbench/{Path(str(model)).name}-temp{temperature:g}-{tree}" + ("-quick" if quick else "")
     out = check_out_dir(out)
     return Config(model=model, head=head, temperature=temperature, top_p=top_p, top_k=top_k, tree=tree,

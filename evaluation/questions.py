@@ -38,7 +38,7 @@ from typing import Iterable, Optional, Sequence
 __all__ = [
     "SPEC_BENCH_URL", "SPEC_BENCH_SHA256", "DEFAULT_QUESTION_FILE", "MT_BENCH_SUBCATEGORIES",
     "CATEGORY_GROUPS", "QuestionFileError", "fetch_url", "resolve_question_file", "load_questions",
-    "category_group", "select_questions", "build_messages", "build_prompt_ids",
+    "category_group", "select_questions", "question_sets", "QUESTION_SETS", "SELECTION_PER_CATEGORY", "build_messages", "build_prompt_ids",
 ]
 
 SPEC_BENCH_URL = "https://raw.githubusercontent.com/hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl"
@@ -240,3 +240,23 @@ def build_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     enc = tokenizer(text, add_special_tokens=False)
     ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
     return list(ids)
+
+
+#: the head was compared stage to stage on the first 10 questions of each category group (its selection set)
+SELECTION_PER_CATEGORY = 10
+QUESTION_SETS = ("all", "selection", "report")
+
+
+def question_sets(questions: Sequence[dict], selection_per_category: int = SELECTION_PER_CATEGORY) -> dict:
+    """``{"selection": [...], "report": [...], "all": [...]}``: disjoint selection and report sets.
+
+    selection = :func:`select_questions` with ``per_category=selection_per_category`` (the questions the
+    shipped head was compared on, stage to stage); report = every other question, in the same group order
+    (so ``per_category`` taken from it never overlaps the selection). Numbers meant to judge a head come
+    from the report set.
+    """
+    sel = select_questions(questions, None, selection_per_category)
+    ids = {int(q["question_id"]) for q in sel}
+    rest = [q for q in questions if int(q["question_id"]) not in ids]
+    return {"selection": sel, "report": select_questions(rest, None, None) if rest else [],
+            "all": select_questions(questions, None, None)}

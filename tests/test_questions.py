@@ -114,3 +114,32 @@ def test_multi_turn_prompt_contains_turn1_answer():
     assert "".join(map(chr, ids)) == "<user>q1<assistant>my answer<user>q2<assistant>"
     with pytest.raises(ValueError):
         Q.build_messages(["q1", "q2"], [])
+
+
+def test_selection_and_report_sets_are_disjoint():
+    """The head was chosen on the first 10 questions per group; the report set is every other one."""
+    from evaluation.questions import question_sets
+
+    qs = []
+    for g, n in (("writing", 12), ("roleplay", 12), ("translation", 15), ("qa", 11)):
+        for _ in range(n):
+            qs.append({"question_id": len(qs) + 1, "category": g, "turns": ["x"]})
+    sets = question_sets(qs, selection_per_category=10)
+    sel = {q["question_id"] for q in sets["selection"]}
+    rep = {q["question_id"] for q in sets["report"]}
+    assert not sel & rep and sel | rep == {q["question_id"] for q in qs}
+    assert len(sets["selection"]) == 10 + 10 + 10  # mt_bench counts as one group
+    assert {q["question_id"] for q in sets["selection"] if q["category"] == "translation"} == set(range(25, 35))
+
+
+def test_question_set_flag(tmp_path):
+    import json
+
+    from evaluation import arguments as A
+
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": ["q"]}) + "\n" for i in range(1, 16)))
+    rep = A.check_question_file(str(f), None, 2, question_set="report")
+    assert [q["question_id"] for q in rep] == [11, 12]
+    with pytest.raises(A.UsageError, match="^--question-set"):
+        A.check_question_file(str(f), None, 2, question_set="bogus")
