@@ -13,12 +13,16 @@ when it is first in post-order), ``uniforms[i, 1]`` draws y if node i is accepte
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from eagle.rules import LAMBDA_CAP, positive_part
 from eagle.sampling import draw_with_uniforms
-from eagle.tree.structure import TreeStructure
+from eagle.tree.structure import TreeStructure, device_tables, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
+
+from .univer import positive_part_sums
 
 __all__ = ["traversal_kernel", "traversal_law", "VERIFIER"]
 
@@ -79,6 +83,21 @@ def _tests(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, 
     yield from visit(0)
 
 
+@lru_cache(maxsize=256)
+def _levels(parents: tuple, device: str) -> tuple:
+    """Per depth with inner nodes, top-down: ``(nodes [k], children [k, w] (-1 = none),
+    children_safe [k, w], valid [k, w])`` on ``device`` (cached per tree shape and device)."""
+    tab = device_tables(parents, device)
+    st = tree_structure(parents)
+    out = []
+    for nodes, _, _ in st.inner_levels:
+        nodes = nodes.to(device)
+        w = max(len(st.children[v]) for v in nodes.tolist())
+        ch = tab.children.index_select(0, nodes)[:, :w]
+        out.append((nodes, ch, tab.children_safe.index_select(0, nodes)[:, :w], ch >= 0))
+    return tuple(out)
+
+
 def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                      uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One Traversal Verification decision as a pure function of ``uniforms``, on the laws' device
@@ -89,20 +108,80 @@ def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torc
             ``[N, 2]`` (see the module docstring).
 
     Returns:
-        ``(node, y)``: 0-d LongTensors. The first node u of :func:`_tests` with
-        ``uniforms[u, 0] < alpha(u)`` (the root passes), y ~ P(u) with ``uniforms[u, 1]``.
+        ``(node, y)``: 0-d LongTensors. The first node u in post-order with
+        ``uniforms[u, 0] < alpha(u)`` (the root passes), y ~ P(u) with ``uniforms[u, 1]``, where
+        alpha(u) and P(u) are the state when u is tested (after its children's rejections), as in
+        :func:`_tests`.
+
+    Computed depth by depth, all inner nodes of a depth at once: a node's updates (the rejections
+    of its children) depend only on its own rows and alpha, and its alpha when entered only on its
+    parent's state after the rejections of its earlier siblings. A node's rows need no copy per
+    update: with B = M_b(.|v), q = M_s(.|v), P_raw = max(B - L q, 0) off the removed children
+    (max(max(B - L q, 0) - l q, 0) = max(B - (L + l) q, 0)), so an update is
+    L <- L + lam, lam = Pm / (alpha Qm) (capped at :data:`~eagle.rules.LAMBDA_CAP`), with one
+    dense pass sum_x max(B(x) - L q(x), 0) over the non-children x; at a removed child u_i P_raw
+    keeps the value it had when u_i was removed, and Qm = the draft mass off the children plus
+    q(u_j) for the children not removed (summed directly). Only the y row of the accepted node
+    is built.
     """
     dev = target_probs.device
-    u0 = uniforms[:, 0]
-    done = torch.zeros(1, dtype=torch.bool, device=dev)
-    node = torch.zeros(1, dtype=torch.long, device=dev)
-    y_row = None
-    for u, a, row in _tests(st, tokens, target_probs, draft_probs):
-        accept = ~done & ((u0[u:u + 1] < a) | (u == 0))
-        node = torch.where(accept, u, node)
-        y_row = row if y_row is None else torch.where(accept.view(1, 1), row, y_row)
-        done = done | accept
-    return node[0], draw_with_uniforms(y_row, uniforms[:, 1].index_select(0, node))[0]
+    f64 = torch.float64
+    n = st.num_nodes
+    tab = device_tables(st.parents, str(dev))
+    tokens = tokens.to(dev)
+    alpha = torch.ones(n, dtype=f64, device=dev)  # alpha when entered, then when tested
+    lam_end = torch.zeros(n, dtype=f64, device=dev)  # L of each node when tested (0 at leaves)
+    frozen = torch.zeros(n, dtype=f64, device=dev)  # P_raw at a node's token at its parent, once removed
+    for nodes, ch, safe, valid in _levels(st.parents, str(dev)):
+        k, w = ch.shape
+        ct = tokens[safe]  # [k, w], padding repeats the first child
+        col = nodes.view(-1, 1)
+        b = target_probs[col, ct].to(f64).masked_fill_(~valid, 0.0)  # B(u_j)
+        qc = draft_probs[col, ct].to(f64).masked_fill_(~valid, 0.0)  # q(u_j)
+        Bk = target_probs.index_select(0, nodes).scatter_(1, ct, 0.0)  # [k, V] off the children
+        qk = draft_probs.index_select(0, nodes).scatter_(1, ct, 0.0)
+        q_off = qk.sum(1).to(f64)
+        qsuf = qc.flip(1).cumsum(1).flip(1)  # sum over the children from u_j on
+        al = alpha.index_select(0, nodes)
+        L = torch.zeros(k, dtype=f64, device=dev)
+        Pm = torch.ones(k, dtype=f64, device=dev)
+        Qm = torch.ones(k, dtype=f64, device=dev)
+        fz = torch.zeros(k, w, dtype=f64, device=dev)
+        for j in range(w):
+            vj, bj, qj = valid[:, j], b[:, j], qc[:, j]
+            # u_j entered: alpha(u_j) = min(1, alpha(v) P(v)(x_u) / Q(v)(x_u))
+            pt = (bj - L * qj).clamp_(min=0.0) / Pm
+            qt = qj / Qm
+            alpha.index_copy_(0, safe[:, j], torch.where(vj & (qt > 0), al * pt / qt.clamp_min(1e-300), 0.0)
+                              .clamp_(max=1.0).where(vj, alpha.index_select(0, safe[:, j])))
+            # u_j rejected: P <- norm(max(alpha P - Q, 0)), Q <- Q without x_u, alpha <- S / (S + 1 - alpha)
+            lam = (Pm / (al * Qm).clamp_min(1e-300)).clamp_(max=LAMBDA_CAP)
+            nL = (L + lam).clamp_(max=LAMBDA_CAP)
+            dense = positive_part_sums(Bk, qk, nL.view(-1, 1)).to(f64)
+            after = torch.addcmul(b, nL.view(-1, 1), qc, value=-1.0).clamp_(min=0.0)  # at the children not removed
+            fj = after[:, j]
+            r_mass = dense + after[:, j:].sum(1) + fz[:, :j].sum(1)
+            S = al / Pm * r_mass
+            keep = vj & (S > 0)  # S = 0: alpha(v) = 0, the row is kept (never sampled)
+            fz[:, j] = torch.where(keep, fj, (bj - L * qj).clamp_(min=0.0))
+            L, Pm = torch.where(keep, nL, L), torch.where(keep, r_mass, Pm)
+            Qm = torch.where(vj, q_off + (qsuf[:, j + 1] if j + 1 < w else 0.0), Qm)
+            den = S + (1.0 - al)  # not (S + 1) - al: that rounds S away when S << 1 and al == 1
+            al = torch.where(vj, torch.where(den > 0, S / den.clamp_min(1e-300), 0.0).clamp_(max=1.0), al)
+        alpha.index_copy_(0, nodes, al)
+        lam_end.index_copy_(0, nodes, L)
+        frozen.index_put_((safe,), fz.where(valid, fz[:, :1].expand_as(fz)))  # padding repeats slot 0
+    # the first node in post-order whose coin passes (the root always does)
+    passed = (uniforms[:, 0] < alpha).index_select(0, tab.postorder)
+    passed[-1] = True
+    v = tab.postorder[passed.to(torch.uint8).argmax()].view(1)
+    # y ~ P(v): max(B - L q, 0) off the children, their values when removed (B itself at a leaf)
+    row = positive_part(target_probs.index_select(0, v), draft_probs.index_select(0, v), lam_end.index_select(0, v).view(1, 1))
+    sv = tab.children_safe.index_select(0, v)
+    ct = tokens[sv]
+    inner = tab.num_children.index_select(0, v).view(1, 1) > 0
+    row.scatter_(1, ct, torch.where(inner, frozen[sv].to(row.dtype), row.gather(1, ct)))
+    return v[0], draw_with_uniforms(row, uniforms[:, 1].index_select(0, v))[0]
 
 
 def traversal_law(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
