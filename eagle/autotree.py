@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .model.kv_cache import new_cache, truncate_cache
 from .sampling import SamplingConfig
@@ -131,7 +132,7 @@ def _verifier(name, temperature):
 
 @torch.no_grad()
 def measure_acceptance(model, contexts, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                       verifier: str = "rrsw", probe=None, seed: int = 0):
+                       verifier: str = "rrsw", probe=None, seed: int = 0, progress: bool = False):
     """The positional acceptance table of ``model``'s head on ``contexts``.
 
     Args:
@@ -142,6 +143,7 @@ def measure_acceptance(model, contexts, *, temperature: float = 0.0, top_p: floa
             (one tree is shared by every method of a run; RRSw is the conservative choice).
         probe: probe tree choices (default :func:`probe_tree`).
         seed: seeds the draws of the drafted probe trees.
+        progress: a progress bar over the contexts (stderr).
 
     Returns:
         ``(acceptance, weight)``: float64 numpy ``[D, R]`` (0 where never observed) and the summed
@@ -162,7 +164,8 @@ def measure_acceptance(model, contexts, *, temperature: float = 0.0, top_p: floa
     gen = torch.Generator(device=dev)
     gen.manual_seed(int(seed))
     num, den = np.zeros((D, R)), np.zeros((D, R))
-    for ctx in contexts:
+    for ctx in tqdm(contexts, desc="[auto tree] acceptance", unit="context", disable=not progress,
+                    dynamic_ncols=True):
         laws = model.tree_laws(ctx, tree_choices=probe, drafting=drafting, temperature=temperature, top_p=top_p,
                                top_k=top_k, generator=gen)
         a, b = acceptance_from_laws(laws.parents, _accept_probs(laws, cfg, v), D, R)
@@ -305,14 +308,14 @@ def isotonic(values) -> np.ndarray:
 @torch.no_grad()
 def measure_costs(model, context: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                   verifier: str = "rrsw", tokens=TARGET_TOKENS, trees=COST_TREES, new_tokens: int = 16,
-                  rounds: int = 3) -> tuple[CycleCost, dict]:
+                  rounds: int = 3, progress: bool = False) -> tuple[CycleCost, dict]:
     """The cycle cost model of ``model`` on this machine (seconds).
 
     Target forwards are timed directly (:func:`time_target_forwards`); drafting and the rest of a
     cycle come from ``stats["timing"]`` of ``eagenerate`` runs of ``new_tokens`` tokens on each
     tree of ``trees`` (interleaved over ``rounds``), fitted by non-negative least squares
     ``draft = level_s * depth + node_s * nodes``; ``fixed_s`` is the mean per-cycle time of the
-    other parts except the target forward.
+    other parts except the target forward. ``progress``: a progress bar over the timed runs (stderr).
 
     Returns:
         ``(CycleCost, details)``; details holds every measured number.
@@ -323,8 +326,11 @@ def measure_costs(model, context: torch.Tensor, *, temperature: float = 0.0, top
     target = time_target_forwards(model, context, tokens, rounds=rounds + 1)
     ctx = torch.as_tensor(context, dtype=torch.long).reshape(1, -1)
     per_tree = {t: {"draft": [], "rest": [], "cycles": 0} for t in trees}
+    bar = tqdm(total=rounds * len(trees), desc="[auto tree] drafting costs", unit="run", disable=not progress,
+               dynamic_ncols=True)
     for r in range(rounds):
         for t in trees:
+            bar.update(1)
             _, st = model.eagenerate(ctx, temperature=temperature, top_p=top_p, top_k=top_k,
                                      max_new_tokens=new_tokens, tree_choices=t, verifier=verifier, seed=r,
                                      return_stats=True)
@@ -336,6 +342,7 @@ def measure_costs(model, context: torch.Tensor, *, temperature: float = 0.0, top
             per_tree[t]["draft"].append(tim["draft"] / cycles)
             rest = sum(v for k, v in tim.items() if k in ("target_laws", "verify", "cache_update", "other"))
             per_tree[t]["rest"].append(rest / cycles)
+    bar.close()
     rows, y, rest = [], [], []
     for t in trees:
         n, d = len(build_tree(t).choices), build_tree(t).max_depth
@@ -458,11 +465,11 @@ def resolve_auto_tree(model, temperature: float = 0.0, top_p: float = 1.0, top_k
     if contexts is None:
         contexts = default_contexts(model, temperature=temperature)
     raw, weight = measure_acceptance(model, contexts, temperature=temperature, top_p=top_p, top_k=top_k,
-                                     verifier=verifier)
+                                     verifier=verifier, progress=verbose)
     acceptance = smooth_acceptance(raw, weight)
     longest = max(contexts, key=lambda c: c.numel())
     cost, details = measure_costs(model, longest, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  verifier=verifier, **(measure_kwargs or {}))
+                                  verifier=verifier, **{"progress": verbose, **(measure_kwargs or {})})
     fit = fit_tree(acceptance, cost, max_nodes=max_nodes)
     text = fit.explain(cost)
     rec = {"choices": fit.choices, "expected_tokens": fit.expected_tokens, "cycle_s": fit.cycle_s,
