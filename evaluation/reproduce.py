@@ -29,7 +29,7 @@ enters the tree).
 
 Command lines::
 
-    python -m evaluation.reproduce configs/paper/default-cpu.json --quick          # ~10 min on 2 idle cores
+    python -m evaluation.reproduce configs/paper/default-cpu.json --quick          # one process; the script runs two
     python -m evaluation.reproduce configs/paper/default-cpu.json --dry-run        # cells + cost, offline
     python -m evaluation.reproduce configs/paper/default-cpu.json --shard 0/2 &    # two processes, one folder
     python -m evaluation.reproduce configs/paper/default-cpu.json --shard 1/2; wait
@@ -702,8 +702,10 @@ def _verdict(delta: Optional[dict], paper_delta: Optional[float], note: Optional
         if ase is None:
             return (f"|Δτ| = {abs(a):.3f} {'≤' if abs(a) <= lim else '>'} {lim:g} (no SE: too few questions)"), "none"
         if abs(a) - SIGNIFICANT_Z * ase <= lim:
-            return f"consistent with the paper's note (|Δτ| ≤ {lim:g})", "note_ok"
+            return f"consistent with the paper's note (|Δτ| ≤ {lim:g} within 2 SE)", "note_ok"
         return f"differs from the paper's note: |Δτ| = {abs(a):.3f} > {lim:g} significantly", "note_differs"
+    if se == 0 and d == 0:
+        return "identical to the reference (same law on this tree)", "identical"
     if se is None or se == 0:
         return "no SE (too few questions)", "none"
     z = d / se
@@ -916,7 +918,8 @@ def render_report(rep: dict, pngs: Sequence[str] = ()) -> str:
     L += ["", f"Summary: {codes.count('same')} same sign and significant, {codes.count('noise')} within noise, "
               f"{codes.count('opposite')} opposite sign and significant, {codes.count('no_paper')} significant where "
               f"the paper has no number, {codes.count('note_ok')} consistent with a paper note, "
-              f"{codes.count('note_differs')} differ from a note, {codes.count('skipped')} not run. "
+              f"{codes.count('note_differs')} differ from a note, {codes.count('identical')} identical to the "
+              f"reference, {codes.count('skipped')} not run. "
               "Paper values: Avg τ only (its per-group cells are not on record here); '-' = no paper number on record.",
           ""]
     opp = [v for v in rep["verdicts"] if v["code"] == "opposite"]
@@ -1061,6 +1064,7 @@ def plot_report(rep: dict, out_dir: Path) -> list[str]:
             ax.axhline(0, color="k", lw=0.8)
             ax.set_title(method_label(m), fontsize=9)
             ax.set_xlabel("tree depth D")
+            ax.set_xticks(sorted({int(c["tree"].split("x")[1]) for c in dw}))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         names.append(_save_panels(fig, axes, rep, "exact τ on KxD trees, Δ ± SE", out_dir / "figure4_delta.png"))

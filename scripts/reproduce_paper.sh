@@ -2,9 +2,9 @@
 # The paper in one command (issue 51): Tables 1 and 3 and Figure 4 on the embedded default model, the paper's
 # numbers beside ours, a verdict per cell; the same sweep for the GPU settings, one process per GPU.
 #
-#   bash scripts/reproduce_paper.sh --quick                  # smoke run, CPU: ~6 min on 2 idle cores -> runs/reproduce-quick/default-cpu/report.md
+#   bash scripts/reproduce_paper.sh --quick                  # smoke run, CPU: ~8 min on 2 idle cores (16 CPU-min) -> runs/reproduce-quick/default-cpu/report.md
 #   bash scripts/reproduce_paper.sh --dry-run                # cells, units, cost estimate; offline, seconds
-#   bash scripts/reproduce_paper.sh                          # the full CPU run (~3 h on 2 idle cores) -> runs/reproduce/default-cpu/report.md
+#   bash scripts/reproduce_paper.sh                          # the full CPU run (dry-run estimate ~2 h on 2 idle cores; allow 3) -> runs/reproduce/default-cpu/report.md
 #   bash scripts/reproduce_paper.sh configs/paper/vicuna-7b.json              # GPU: one process per visible GPU
 #   accelerate launch --num_processes 8 -m evaluation.reproduce configs/paper/vicuna-7b.json   # same, via accelerate
 #   python -m evaluation.reproduce configs/paper/vicuna-7b.json --merge      # ... then the report (accelerate path)

@@ -282,3 +282,9 @@ def test_shared_prefill_equals_separate_tree_laws(tiny, temperature):
                                   seed=4)
     for t in ("2x2", "chain3"):
         assert many[t] == X.score_contexts(tiny, ctxs, ["rrsw", "univer"], tree=t, temperature=temperature, seed=4)
+
+
+def test_identical_and_note_verdicts():
+    assert R._verdict({"mean": 0.0, "se": 0.0}, None, None, None)[1] == "identical"
+    note = {"max_abs_delta": 0.05, "text": "within 0.05"}
+    assert R._verdict({"mean": 1.0, "se": None}, None, note, {"mean": 0.3, "se": None})[1] == "none"
