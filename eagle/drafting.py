@@ -1,9 +1,17 @@
-"""Drafting: the EAGLE-1 head expands a static tree level by level and returns the drafted tree.
+"""Drafting: the drafter interface, the drafted tree, and the EAGLE-1 head as one drafter.
 
-A drafter turns "committed context" into a :class:`DraftTree`: the pruned tree in the common tree
-form (parents, tokens, depth) plus, for every node, the full processed draft law its children were
-drawn from (what the verifier must use). The generation loop sees only that; another drafter (a
-dynamic tree, an independent small model) plugs in by returning the same object.
+A :class:`Drafter` turns "committed context" into a :class:`DraftTree`: the pruned tree in the common
+tree form (parents, tokens, depth) plus, for every node, the full processed draft law its children
+were drawn from (what the verifier must use). The generation loop sees only that, through three calls
+(as small as transformers' candidate generators):
+
+    drafter.start(input_ids, features)          # a new prompt (+ its target features if declared)
+    tree = drafter.draft(root, tree, rule, cfg, generator)   # one DraftTree below the root
+    drafter.accept(tokens, features)            # what this cycle committed
+
+A drafter owns its state and caches (the EAGLE head's KV cache lives in :class:`EagleTreeDrafter`).
+Drafters are registered by name in :mod:`eagle.drafters` (``eagle``, ``prompt_lookup``, plug-ins
+through the entry-point group ``univer_eagle.drafters``).
 
 Host synchronisations on an accelerator: drafting itself makes none of its own (the expansion plan is
 static and on the device; nodes that turn out undrafted are expanded anyway and pruned afterwards);
@@ -16,13 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .model.kv_cache import cache_length, truncate_cache
+from .model.kv_cache import cache_length, new_cache, truncate_cache
 from .model.packed_linear import packed_rows
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TreeBuffers, TreeStructure, additive_mask, tree_structure
-from .rules import draw_children
+from .tree.buffers import _plan
+from .rules import DRAFTING_RULES, draw_children
 
-__all__ = ["DraftTree", "EagleTreeDrafter"]
+__all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "draft_tree_from_choices"]
 
 
 @dataclass
@@ -72,8 +81,129 @@ class DraftTree:
         return torch.tensor(path[::-1], dtype=torch.long, device=self.parents.device)
 
 
-class EagleTreeDrafter:
-    """EAGLE-1 drafting over a static tree with an :class:`~eagle.model.head.EagleHead`.
+class Drafter:
+    """The drafter interface: ``start`` on a prompt, ``draft`` one tree per cycle, ``accept`` what was committed.
+
+    Committed tokens: the prompt, then every generated token. Between cycles the last committed token is the
+    **root** of the next tree; it is passed to :meth:`draft` (the first root, sampled after the prompt, is only
+    known there). A drafter keeps whatever state it needs (caches, n-gram tables) and nothing leaks into the
+    generation loop.
+
+    Class attributes (declarations the engine reads):
+        name: registry key (lower case).
+        needs_head: drafts with the model's EAGLE head (``EaModel.ea_layer``); a model without a head can
+            still run drafters that need none.
+        needs_features: wants the target's last hidden states (after the final norm, ``[1, k, H]``) in
+            :meth:`start` and :meth:`accept`; otherwise ``None`` is passed.
+        uses_tree: drafts the caller's static tree shape (``tree``); False: the drafter chooses its own shape
+            (the caller's tree is then not built, ``tree`` is None).
+        drafting_rules: the drafting rules (:data:`eagle.rules.DRAFTING_RULES`) it can draft under losslessly;
+            a verifier whose rule is not listed is refused at the door (:meth:`check_verifier`).
+    """
+
+    name: str = ""
+    needs_head: bool = False
+    needs_features: bool = False
+    uses_tree: bool = True
+    drafting_rules: tuple = DRAFTING_RULES
+
+    @classmethod
+    def for_model(cls, model, **options) -> "Drafter":
+        """A drafter for ``model`` (an :class:`~eagle.model.ea_model.EaModel`); ``options`` are the drafter's own."""
+        return cls(**options)
+
+    def refresh(self, model) -> None:
+        """Called when the model's layers are swapped (``EaModel.set_fast_cpu``); re-read what was taken from it."""
+
+    def check_verifier(self, verifier) -> None:
+        """Refuse a verifier whose drafting rule this drafter cannot draft under.
+
+        Raises:
+            ValueError: one line naming the drafter and the verifier.
+        """
+        if verifier.drafting not in self.drafting_rules:
+            raise ValueError(f"drafter {self.name!r} cannot draft under {verifier.drafting!r}, the rule verifier "
+                             f"{verifier.name!r} needs (it drafts under {list(self.drafting_rules)})")
+
+    def start(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Begin a new sequence.
+
+        Args:
+            input_ids: LongTensor ``[1, L]``, the prompt (on the model's device).
+            features: float ``[1, L, H]``: ``features[:, t]`` = the target's last hidden state after reading
+                ``input_ids[:, t]`` (None unless :attr:`needs_features`).
+        """
+        raise NotImplementedError
+
+    def draft(self, root: int, tree: TreeBuffers | None, rule: str, cfg: SamplingConfig,
+              generator: torch.Generator | None = None) -> DraftTree:
+        """Draft one tree below ``root`` (the last committed token) with the drafting rule ``rule``.
+
+        Args:
+            root: the last committed token (node 0 of the returned tree).
+            tree: the caller's static tree (None when :attr:`uses_tree` is False).
+            rule: "wor", "topk_residual" or "topk" (REFERENCE section 1); the verifier's.
+            cfg: the sampling processing of target and draft laws.
+            generator: the caller's ``torch.Generator`` on the model's device (None = global RNG).
+
+        Returns:
+            :class:`DraftTree` on the model's device: for every inner node, the draft law its children were
+            drawn from under ``rule``.
+        """
+        raise NotImplementedError
+
+    def accept(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Take what a cycle committed.
+
+        Args:
+            tokens: LongTensor ``[1, k]``: the accepted draft tokens, then the next root (the verifier's token).
+            features: float ``[1, k, H]``: ``features[:, i]`` = the target's last hidden state at the token before
+                ``tokens[:, i]`` (the root, then the accepted nodes); None unless :attr:`needs_features`.
+        """
+        raise NotImplementedError
+
+
+def draft_tree_from_choices(choices, tokens: dict, laws: dict, vocab: int, device) -> DraftTree:
+    """A :class:`DraftTree` for a drafter that picks its own shape (no head passes).
+
+    Args:
+        choices: rank paths of the non-root nodes (``eagle.tree`` form, e.g. ``[[0], [0, 0], [1]]``; empty:
+            the root alone); the buffers are built once per shape and cached.
+        tokens: ``{rank path (tuple): token}``, with ``()`` = the root token.
+        laws: ``{rank path: (tokens, probs)}`` for every inner node: the draft law of its children as a sparse
+            row (zero elsewhere).
+        vocab: V, the width of the draft-law rows.
+
+    Returns:
+        :class:`DraftTree` (float32 ``draft_probs`` ``[n, V]``) on ``device``.
+    """
+    key = tuple(sorted((tuple(c) for c in choices), key=lambda t: (len(t), t)))  # buffers' node order
+    plan = _plan(key, str(torch.device(device)))  # cached per shape; () = the root alone
+    order = [()] + list(key)
+    tok = [int(tokens[p]) for p in order]
+    n = len(order)
+    rows, cols, vals = [], [], []
+    for i, p in enumerate(order):
+        if p in laws:
+            ts, ps = laws[p]
+            rows += [i] * len(ts)
+            cols += list(ts)
+            vals += list(ps)
+    draft_probs = torch.zeros(n, vocab, dtype=torch.float32, device=device)
+    if rows:
+        draft_probs[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = torch.tensor(
+            vals, dtype=torch.float32, device=device)
+    return DraftTree(parents=plan.parents, tokens=torch.tensor(tok, dtype=torch.long, device=device),
+                     depth=plan.depth, draft_probs=draft_probs, ancestor=plan.ancestor,
+                     parents_list=list(plan.parents_list), tokens_list=tok, nodes=None, structure=plan.structure)
+
+
+class EagleTreeDrafter(Drafter):
+    """EAGLE-1 drafting over a static tree with an :class:`~eagle.model.head.EagleHead` (drafter ``eagle``).
+
+    The drafter owns the head's KV cache (committed (token_{t+1}, feature_t) pairs only); the pairs a
+    cycle commits are consumed lazily, at the next :meth:`draft`. :meth:`consume` and :meth:`expand`
+    are the head-level steps with an explicit cache (device checks, tests).
 
     Args:
         head: the draft head (its ``embed_tokens`` set). When ``head.d2t`` (LongTensor ``[K]``, a
@@ -84,11 +214,57 @@ class EagleTreeDrafter:
         lm_head: the target's output projection (``[H] -> [V]``), shared with the target.
     """
 
+    name = "eagle"
+    needs_head = True
+    needs_features = True
+
     def __init__(self, head, lm_head):
         self.head = head
         self.lm_head = lm_head
         self._draft_rows = (None, None, None)  # (d2t it was made for, lm_head.weight[d2t] [K, H], packed or None)
         self.packed = False  # set by EaModel.set_fast_cpu: pack the draft-vocabulary rows too
+        self.head_cache = None
+        self._pending = (None, None, False)  # (tokens [1, k], features [1, k, H], whether tokens end with the root)
+        self._root_hidden = None
+
+    @classmethod
+    def for_model(cls, model, **options) -> "EagleTreeDrafter":
+        if getattr(model, "ea_layer", None) is None:
+            raise ValueError("drafter 'eagle' needs an EAGLE head, but the model has none (load it with ea_model_path, "
+                             "or choose a drafter that needs no head, e.g. 'prompt_lookup')")
+        if options:
+            raise ValueError(f"drafter 'eagle' takes no options, got {sorted(options)}")
+        d = cls(model.ea_layer, model.lm_head)
+        d.packed = bool(getattr(model, "fast_cpu", False))
+        return d
+
+    def refresh(self, model) -> None:
+        self.lm_head = model.lm_head
+        self.packed = bool(getattr(model, "fast_cpu", False))
+
+    def start(self, input_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """A fresh head cache; the prompt's pairs (input_ids[t+1], features[t]) are consumed at the first draft."""
+        if features is None:
+            raise ValueError("drafter 'eagle' needs the target features of the prompt")
+        self.head_cache = new_cache(self.head.config)
+        self._pending = (input_ids[:, 1:], features, False)
+        self._root_hidden = None
+
+    def accept(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        self._pending = (tokens, features, True)
+
+    def draft(self, root: int, tree: TreeBuffers, rule: str, cfg: SamplingConfig,
+              generator: torch.Generator | None = None) -> DraftTree:
+        """Consume the pending committed pairs (the root's included), then :meth:`expand` ``tree``."""
+        tokens, feats, has_root = self._pending
+        if tokens is not None:
+            if not has_root:
+                tokens = torch.cat([tokens, torch.tensor([[int(root)]], device=tokens.device)], dim=1)
+            self._root_hidden = self.consume(self.head_cache, tokens, feats)
+            self._pending = (None, None, False)
+        if self._root_hidden is None:
+            raise ValueError("drafter 'eagle': draft before start")
+        return self.expand(self.head_cache, root, self._root_hidden, tree, rule, cfg, generator)
 
     def _draft_logits(self, hidden: torch.Tensor):
         """Draft logits ``[n, K]`` (float32) and ``d2t`` (None = the full vocabulary, K = V)."""
@@ -130,8 +306,8 @@ class EagleTreeDrafter:
         return out[0, -1]
 
     @torch.no_grad()
-    def draft(self, head_cache, root_token: int, root_hidden: torch.Tensor, tree: TreeBuffers, rule: str,
-              cfg: SamplingConfig, generator: torch.Generator | None = None) -> DraftTree:
+    def expand(self, head_cache, root_token: int, root_hidden: torch.Tensor, tree: TreeBuffers, rule: str,
+               cfg: SamplingConfig, generator: torch.Generator | None = None) -> DraftTree:
         """Expand ``tree`` below ``root_token`` level by level with the head; return the pruned tree.
 
         The head cache holds the committed positions (C of them); node v at depth d >= 1 is fed

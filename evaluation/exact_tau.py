@@ -172,13 +172,15 @@ def tree_laws_shared(model, input_ids, specs: Sequence[tuple], *, temperature: f
     """
     import torch
 
-    parts = ("target_forward", "_score_tree", "drafter", "_prepare", "resolve_tree", "ea_layer", "base_model")
+    parts = ("target_forward", "_score_tree", "drafter", "_prepare", "resolve_tree", "base_model")
     try:
         from eagle.model import ea_model as E
         from eagle.model.kv_cache import truncate_cache
         shared = all(hasattr(model, p) for p in parts) and hasattr(E, "_sampling_config")
     except ImportError:
         shared = False
+    if shared and not getattr(model.drafter, "uses_tree", True):
+        shared = False  # a drafter of its own shapes: tree_laws per spec
     if not shared or len(specs) < 2:
         for tree, rule, g in specs:
             yield model.tree_laws(input_ids, tree_choices=tree, drafting=rule, temperature=temperature, top_p=top_p,
@@ -194,10 +196,10 @@ def tree_laws_shared(model, input_ids, specs: Sequence[tuple], *, temperature: f
         feats, _ = model.target_forward(ids[:, :-1], torch.arange(n - 1, device=model.device)[None], cache)
     for tree, rule, g in specs:
         built = E.build_tree(model.resolve_tree(tree, cfg.temperature, cfg.top_p, cfg.top_k))
-        head_cache = E.new_cache(model.ea_layer.config)
+        drafter = model.drafter
         with torch.no_grad():
-            draft, _, _, _, target_probs = model._score_tree(cache, head_cache, int(ids[0, -1]), ids[:, 1:], feats,
-                                                             built, rule, cfg, g)
+            drafter.start(ids[:, :-1], feats if drafter.needs_features else None)
+            draft, _, _, _, target_probs = model._score_tree(drafter, cache, int(ids[0, -1]), built, rule, cfg, g)
             truncate_cache(cache, n - 1)
         yield E.TreeLaws(parents=draft.parents, tokens=draft.tokens, depth=draft.depth, target_probs=target_probs,
                          draft_probs=draft.draft_probs)

@@ -271,9 +271,9 @@ def check_cycle_7b(device, model, dry: bool):
         for name in sampling_methods():
             rule = get_verifier(name).drafting
             if rule not in rules:
-                rules[rule] = model.drafter.draft(head_cache, int(ids[0, -1]), root_hidden, tree, rule, cfg, g)
+                rules[rule] = model.drafter.expand(head_cache, int(ids[0, -1]), root_hidden, tree, rule, cfg, g)
         row["draft_ms"] = clock.median_ms(
-            lambda: model.drafter.draft(head_cache, int(ids[0, -1]), root_hidden, tree, "wor", cfg, g), reps)
+            lambda: model.drafter.expand(head_cache, int(ids[0, -1]), root_hidden, tree, "wor", cfg, g), reps)
         d = rules["wor"] if "wor" in rules else next(iter(rules.values()))
         mask = additive_mask(d.ancestor, prefix, model._mask_dtype())
 

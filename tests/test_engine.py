@@ -289,13 +289,13 @@ def test_head_cache_holds_exactly_the_committed_pairs(monkeypatch, head_layers):
     later cycles."""
     m = tiny_ea_model(vocab_size=32, seed=1, aligned=True, head_layers=head_layers)
     seen = []
-    original = m.drafter.draft
+    original = m.drafter.expand
 
     def spy(head_cache, *args, **kwargs):
         seen.append([(l.keys.clone(), l.values.clone()) for l in head_cache.layers])
         return original(head_cache, *args, **kwargs)
 
-    monkeypatch.setattr(m.drafter, "draft", spy)
+    monkeypatch.setattr(m.drafter, "expand", spy)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     out = m.eagenerate(ids, temperature=1.0, max_new_tokens=25, tree_choices="2x5", verifier="univer", seed=3)
     assert len(seen) >= 3

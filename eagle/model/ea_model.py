@@ -1,15 +1,16 @@
-"""``EaModel``: a Hugging Face causal LM (the target) plus an EAGLE-1 head, with tree decoding.
+"""``EaModel``: a Hugging Face causal LM (the target) plus a drafter (by default an EAGLE-1 head), with tree decoding.
 
 One cycle of :meth:`EaModel.eagenerate`:
-  1. the drafter (:class:`~eagle.drafting.EagleTreeDrafter`) consumes the newly committed (token,
-     target feature) pairs and returns the drafted, pruned tree (:class:`~eagle.drafting.DraftTree`),
-     drawn with the verifier's drafting rule;
+  1. the drafter (a :class:`~eagle.drafting.Drafter` from :mod:`eagle.drafters`, e.g. the EAGLE-1 head's
+     :class:`~eagle.drafting.EagleTreeDrafter` or prompt lookup) returns the drafted, pruned tree
+     (:class:`~eagle.drafting.DraftTree`), drawn with the verifier's drafting rule;
   2. ONE target forward over all drafted nodes (tree attention mask + position ids on top of the
      KV cache; transformers' public cache API and a 4D additive float mask);
   3. the verifier chosen once for the call (``select_verifier``: "argmax" at temperature 0) picks
      the accepted path and the next token;
-  4. the target cache keeps exactly prefix + accepted path; the head cache is back at its
-     committed length; generation stops at the first EOS and never exceeds ``max_new_tokens``.
+  4. the target cache keeps exactly prefix + accepted path; the drafter accepts the committed tokens
+     (+ their target features if it declared it needs them); generation stops at the first EOS and
+     never exceeds ``max_new_tokens``.
 
 Invariant between cycles: the target cache holds every committed token except the last one (the
 next root), whose target feature is computed in the next tree forward.
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..drafting import EagleTreeDrafter
+from ..drafters import get_drafter, make_drafter
+from ..drafting import Drafter
 from ..sampling import SamplingConfig, check_logits, greedy_token, logits_to_probs, sample_from
 from ..tree import additive_mask, build_tree
 from ..tree.choices import MC_SIM_7B_63
@@ -60,13 +62,14 @@ def check_tree_attention(impl, who: str = "target") -> None:
 
 
 class EaModel(nn.Module):
-    """Target model + EAGLE-1 head.
+    """Target model + drafter (default: the EAGLE-1 head).
 
     Args:
         base_model: a transformers causal LM (``get_decoder()`` returns its body and
             ``get_output_embeddings()`` its lm_head; the body's ``last_hidden_state`` is after the
             final norm, as for Llama/Qwen/Mistral).
-        head: :class:`EagleHead` with embeddings set.
+        head: :class:`EagleHead` with embeddings set, or None (a target-only model: only drafters that
+            need no head, e.g. ``"prompt_lookup"``).
         tokenizer: optional HF tokenizer.
         tree_choices: default tree (choices or a name, see :func:`eagle.tree.resolve_tree`).
         verifier: default verifier name (``"rrsw"``; ``univer_patch`` adds more).
@@ -74,13 +77,18 @@ class EaModel(nn.Module):
             :meth:`naivegenerate`) from a float32 copy of its lm_head: for a float16 / bfloat16 target
             this removes the ties that the half-precision rounding of the logits creates (the
             temperature-0 argmax is then taken from float32 logits); costs a float32 copy of lm_head.
+        drafter: the default drafter: a registered name (``"eagle"``, ``"prompt_lookup"``, see
+            :func:`eagle.drafters.available_drafters`), a :class:`~eagle.drafting.Drafter` class or instance.
+        drafter_options: keyword options of a drafter built by name or class (e.g. ``{"depth": 8}``).
 
     Raises:
         CheckpointMismatchError: head and target disagree on hidden size or vocabulary.
+        ValueError: an unknown drafter, or one that needs a head when ``head`` is None.
     """
 
-    def __init__(self, base_model, head: EagleHead, tokenizer=None, tree_choices=MC_SIM_7B_63, verifier: str = "rrsw",
-                 float32_logits: bool = False, fast_cpu: bool = False):
+    def __init__(self, base_model, head: EagleHead | None = None, tokenizer=None, tree_choices=MC_SIM_7B_63,
+                 verifier: str = "rrsw", float32_logits: bool = False, fast_cpu: bool = False, drafter="eagle",
+                 drafter_options: dict | None = None):
         super().__init__()
         #: compute the target's logits with a float32 copy of lm_head (see :meth:`target_forward`)
         self.float32_logits = bool(float32_logits)
@@ -92,18 +100,42 @@ class EaModel(nn.Module):
         cfg = base_model.config
         lm_head = base_model.get_output_embeddings()
         h = getattr(cfg, "hidden_size", None)
-        if h is not None and h != head.config.hidden_size:
-            raise CheckpointMismatchError(f"head hidden_size {head.config.hidden_size} != target hidden_size {h}")
-        if lm_head.weight.shape[0] != head.config.vocab_size:
-            raise CheckpointMismatchError(
-                f"head vocab_size {head.config.vocab_size} != target vocabulary {lm_head.weight.shape[0]}")
+        if head is not None:
+            if h is not None and h != head.config.hidden_size:
+                raise CheckpointMismatchError(f"head hidden_size {head.config.hidden_size} != target hidden_size {h}")
+            if lm_head.weight.shape[0] != head.config.vocab_size:
+                raise CheckpointMismatchError(
+                    f"head vocab_size {head.config.vocab_size} != target vocabulary {lm_head.weight.shape[0]}")
+            check_tree_attention(getattr(head.config, "_attn_implementation", None), "head")
         check_tree_attention(getattr(cfg, "_attn_implementation", None))
-        check_tree_attention(getattr(head.config, "_attn_implementation", None), "head")
-        self.drafter = EagleTreeDrafter(head, lm_head)
-        self.set_verifier(verifier)
         self.fast_cpu = False
+        self._drafters: dict = {}  # drafters built by name for eagenerate(drafter=...), one per name
+        self.set_drafter(drafter, **(drafter_options or {}))
+        self.set_verifier(verifier)
         if fast_cpu:
             self.set_fast_cpu(True)
+
+    def set_drafter(self, drafter, **options) -> Drafter:
+        """Make :meth:`eagenerate` draft with ``drafter`` by default (a registered name, a
+        :class:`~eagle.drafting.Drafter` class or instance; ``options`` go to the drafter's ``for_model``).
+
+        Raises:
+            ValueError: an unknown name, bad options, or a drafter that needs the head this model lacks.
+        """
+        self.drafter = self._drafter_instance(drafter, options)
+        return self.drafter
+
+    def _drafter_instance(self, spec, options=None) -> Drafter:
+        """The drafter of one call: an instance passes through; a name or class is built once (per name,
+        without options) and reused."""
+        if isinstance(spec, Drafter):
+            return spec
+        if options:
+            return make_drafter(spec, self, **options)
+        cls = get_drafter(spec)
+        if cls not in self._drafters:
+            self._drafters[cls] = make_drafter(cls, self)
+        return self._drafters[cls]
 
     def set_fast_cpu(self, on: bool = True) -> bool:
         """Compute the float32 CPU linears of target and head (lm_head and draft-vocabulary rows
@@ -120,26 +152,32 @@ class EaModel(nn.Module):
         from .cpu_attention import CPU_TREE_SDPA, register
         from .packed_linear import pack_linears, unpack_linears
 
+        head = self.ea_layer
         unpack_linears(self.base_model)
-        unpack_linears(self.ea_layer)
+        if head is not None:
+            unpack_linears(head)
         self.fast_cpu = bool(on) and pack_linears(self.base_model) > 0
-        if self.fast_cpu:
-            pack_linears(self.ea_layer)
-        self.drafter.lm_head = self.base_model.get_output_embeddings()
-        self.drafter.packed = self.fast_cpu
+        if self.fast_cpu and head is not None:
+            pack_linears(head)
+        for d in {id(x): x for x in (self.drafter, *self._drafters.values())}.values():
+            d.refresh(self)
         frm, to = ("sdpa", register()) if self.fast_cpu else (CPU_TREE_SDPA, "sdpa")
         if getattr(self.base_model.config, "_attn_implementation", None) == frm:
             self.base_model.set_attn_implementation(to)
-        if getattr(self.ea_layer.config, "_attn_implementation", None) == frm:
-            self.ea_layer.config._attn_implementation = to
+        if head is not None and getattr(head.config, "_attn_implementation", None) == frm:
+            head.config._attn_implementation = to
         return self.fast_cpu
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, base_model_path: str | None = "default", ea_model_path: str | None = None,
                         tree_choices=None, verifier: str = "rrsw", float32_logits: bool = False,
-                        fast_cpu="auto", **hf_kwargs) -> "EaModel":
+                        fast_cpu="auto", drafter="eagle", drafter_options: dict | None = None,
+                        **hf_kwargs) -> "EaModel":
         """Load a target (local folder, hub id, or a GGUF via ``gguf_file=``) and an EAGLE-1 head.
+
+        The head is loaded when ``ea_model_path`` names one, or when the drafter needs one (the default
+        model's own head then); ``drafter="prompt_lookup"`` without ``ea_model_path`` loads the target only.
 
         Args:
             base_model_path: ``"default"``/None = the embedded SmolLM2-135M-Instruct (needs the
@@ -152,6 +190,7 @@ class EaModel(nn.Module):
                 EAGLE-1's ``mc_sim_7b_63`` for any other model or device.
             fast_cpu: ``"auto"`` (default: on for a float32 target on the CPU), True or False; see
                 :meth:`set_fast_cpu`.
+            drafter, drafter_options: the default drafter (see :class:`EaModel`).
             **hf_kwargs: passed to transformers (e.g. ``dtype=torch.float16``, ``device_map="cuda"``,
                 ``device_map="auto"`` (sharded over GPUs or offloaded: the head, drafting and laws then live
                 on the device of the target's ``lm_head``), ``gguf_file=...``, ``attn_implementation="sdpa"``
@@ -166,13 +205,16 @@ class EaModel(nn.Module):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         embedded = base_model_path in (None, "default")
+        needs_head = drafter.needs_head if isinstance(drafter, Drafter) else get_drafter(drafter).needs_head
         if embedded:
             from .default import DEFAULT_HEAD, default_base_folder
 
             base_model_path = str(default_base_folder())
-            ea_model_path = ea_model_path or DEFAULT_HEAD
-        if ea_model_path is None:
-            raise ValueError("ea_model_path is required for a base model other than the default")
+            if needs_head:
+                ea_model_path = ea_model_path or DEFAULT_HEAD
+        if ea_model_path is None and needs_head:
+            raise ValueError("ea_model_path is required for a base model other than the default (or use a drafter "
+                             "that needs no head, e.g. drafter='prompt_lookup')")
         base = AutoModelForCausalLM.from_pretrained(base_model_path, **hf_kwargs)
         base.eval()
         check_tree_attention(getattr(base.config, "_attn_implementation", None))
@@ -182,15 +224,19 @@ class EaModel(nn.Module):
         if attn not in ("eager", "sdpa"):
             attn = "sdpa"
         # the head drafts where the target's last hidden state meets lm_head (sharded targets: the last device)
-        head = EagleHead.from_pretrained(ea_model_path, embedding=base.get_input_embeddings(), dtype=base.dtype,
-                                         device=module_device(base.get_output_embeddings()), attn_implementation=attn)
-        head.eval()
+        head = None
+        if ea_model_path is not None:
+            head = EagleHead.from_pretrained(ea_model_path, embedding=base.get_input_embeddings(), dtype=base.dtype,
+                                             device=module_device(base.get_output_embeddings()),
+                                             attn_implementation=attn)
+            head.eval()
         if fast_cpu == "auto":  # on for a float32 target on the CPU
             fast_cpu = base.device.type == "cpu" and base.dtype == torch.float32
         if tree_choices is None:
             tree_choices = "auto" if embedded and base.device.type == "cpu" else MC_SIM_7B_63
         return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
-                   float32_logits=float32_logits, fast_cpu=bool(fast_cpu))
+                   float32_logits=float32_logits, fast_cpu=bool(fast_cpu), drafter=drafter,
+                   drafter_options=drafter_options)
 
     def set_verifier(self, verifier) -> None:
         """Make :meth:`eagenerate` draft and verify with ``verifier`` by default (a registry name).
@@ -352,15 +398,21 @@ class EaModel(nn.Module):
         return ids, {"accept_lengths": [1] * (len(out) - 1), "new_tokens": len(out), "wall_time": wall,
                      "decoding_steps": len(out) - 1, "timing": timing, "prefill_s": timer.split}
 
-    def _choose(self, verifier, temperature, top_p, top_k, tree_choices):
-        """The per-call choices, made once: sampling config, verifier (temperature 0 -> "argmax"), tree."""
+    def _choose(self, verifier, temperature, top_p, top_k, tree_choices, drafter=None):
+        """The per-call choices, made once: sampling config, verifier (temperature 0 -> "argmax"), drafter
+        (its refusal of the verifier's drafting rule at the door), tree (None for a drafter that picks its
+        own shape)."""
         cfg = _sampling_config(temperature, top_p, top_k)
         check_tree_attention(getattr(self.base_model.config, "_attn_implementation", None))
         name = self.verifier if verifier is None else verifier
         v = _select_verifier(name, cfg)
-        spec = tree_choices if tree_choices is not None else self.tree_choices
-        tree = build_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
-        return cfg, v, tree
+        d = self.drafter if drafter is None else self._drafter_instance(drafter)
+        d.check_verifier(v)
+        tree = None
+        if d.uses_tree:
+            spec = tree_choices if tree_choices is not None else self.tree_choices
+            tree = build_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
+        return cfg, v, tree, d
 
     def resolve_tree(self, spec, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
         """``spec`` unchanged, except ``"auto"``: the static tree fitted to this model, head and machine at
@@ -377,16 +429,15 @@ class EaModel(nn.Module):
             memo[state] = resolve_auto_tree(self, *key)
         return memo[state]
 
-    def _score_tree(self, cache, head_cache, root: int, pending_tokens, pending_feats, tree, rule, cfg, gen,
-                    timer=None):
-        """Draft one tree below ``root`` and run the one target forward over it.
+    def _score_tree(self, drafter, cache, root: int, tree, rule, cfg, gen, timer=None):
+        """Draft one tree below ``root`` with ``drafter`` (started, fed every committed token) and run the
+        one target forward over it.
 
         Returns ``(draft: DraftTree, prefix, tree features [1, n, H], target logits [n, V], target_probs
         [n, V] float32)``; the target cache then holds prefix + the n tree nodes.
         """
         timer = timer or _NO_TIMER
-        root_hidden = self.drafter.consume(head_cache, pending_tokens, pending_feats)
-        draft = self.drafter.draft(head_cache, root, root_hidden, tree, rule, cfg, gen)
+        draft = drafter.draft(root, tree, rule, cfg, gen)
         timer.lap("draft")
         prefix = cache_length(cache)
         mask = additive_mask(draft.ancestor, prefix, self._mask_dtype())
@@ -402,7 +453,7 @@ class EaModel(nn.Module):
     @torch.no_grad()
     def eagenerate(self, input_ids, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    max_new_tokens: int = 512, tree_choices=None, verifier=None, seed: int | None = None,
-                   return_stats: bool = False, expected_tau: bool = False, progress=None):
+                   return_stats: bool = False, expected_tau: bool = False, progress=None, drafter=None):
         """Speculative generation with tree drafting and lossless verification.
 
         Args:
@@ -426,6 +477,9 @@ class EaModel(nn.Module):
                 timed: the timer pauses around it (CPU: host clock; CUDA: events), ``wall_time`` and every
                 part exclude it, and the values stay on the device until the clock has stopped (one read).
             progress: optional callable, ``progress(k)`` after every cycle with the k tokens appended.
+            drafter: a registered drafter name, a :class:`~eagle.drafting.Drafter` class or instance; default
+                the model's (see :meth:`set_drafter`). A drafter that cannot draft under the verifier's
+                drafting rule is refused (ValueError naming both).
 
         Returns:
             ``output_ids`` (LongTensor ``[1, L + new]``: prompt + generated, ending at the first EOS
@@ -446,13 +500,13 @@ class EaModel(nn.Module):
                 not a real number included), unknown or empty verifier name, seed out of range,
                 NaN/inf logits.
         """
-        cfg, v, tree = self._choose(verifier, temperature, top_p, top_k, tree_choices)
+        cfg, v, tree, drafter = self._choose(verifier, temperature, top_p, top_k, tree_choices, drafter)
         input_ids = self._prepare(input_ids, max_new_tokens)
         gen = self._generator(seed)
         stops = self.stop_token_ids()
         dev = self.device  # head, drafting, tree buffers, laws, generator (a sharded target: its lm_head's)
         syncs = self.placement.cuda
-        plan = tree.on(dev)
+        plan = tree.on(dev) if tree is not None else None
         timer = PartTimer(dev, enabled=return_stats, sync_devices=syncs)
         _sync(dev, syncs)
         t0 = time.perf_counter()
@@ -460,10 +514,11 @@ class EaModel(nn.Module):
 
         # prefill: target over the prompt, first token from its last position
         cache = new_cache(self.base_model.config)
-        head_cache = new_cache(self.ea_layer.config)
         n = input_ids.shape[1]
         feats, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache)
         timer.lap("target_forward")
+        drafter.start(input_ids, feats if drafter.needs_features else None)
+        timer.lap("draft")
         root = _next_token(logits[0, -1], cfg, gen)
         timer.lap("target_laws")
         timer.since_start()  # the prefill (its forward and first token are also in the parts)
@@ -472,17 +527,15 @@ class EaModel(nn.Module):
             progress(1)
         accept_lengths: list[int] = []
         expected: list[torch.Tensor] = []
-        pending_tokens = torch.cat([input_ids[:, 1:], torch.tensor([[root]], device=dev)], dim=1)
-        pending_feats = feats
         done = root in stops or len(out) >= max_new_tokens
         # Host synchronisations per cycle (CUDA): (1) the drafted tokens + draft-logit finiteness flag,
-        # one transfer (EagleTreeDrafter.draft); (2) the target-logit finiteness check; (3) the verifier's
+        # one transfer (EagleTreeDrafter.expand); (2) the target-logit finiteness check; (3) the verifier's
         # (node, token) result, one read (every registered kernel decides on the device; the tree
         # structure is passed in, so no copy of parents); the transfers after (3) (next input ids, the
         # accepted path when the tree was pruned) find an idle stream. tests/test_sync_count.py counts them.
         while not done:
-            draft, prefix, tfeats, tlogits, target_probs = self._score_tree(
-                cache, head_cache, root, pending_tokens, pending_feats, tree, v.drafting, cfg, gen, timer)
+            draft, prefix, tfeats, tlogits, target_probs = self._score_tree(drafter, cache, root, tree, v.drafting,
+                                                                            cfg, gen, timer)
             if expected_tau and return_stats:  # excluded from wall_time and every part; read after the clock
                 timer.pause()
                 law = v.outcome_probs(draft.parents, draft.tokens, target_probs, draft.draft_probs, validate=False,
@@ -514,8 +567,7 @@ class EaModel(nn.Module):
             if done:
                 break
             keep_positions(cache, prefix, path)
-            pending_tokens = torch.tensor([new], device=dev)
-            pending_feats = tfeats[:, path]
+            drafter.accept(torch.tensor([new], device=dev), tfeats[:, path] if drafter.needs_features else None)
             root = y
             timer.lap("cache_update")
         _sync(dev, syncs)
@@ -533,13 +585,14 @@ class EaModel(nn.Module):
 
     @torch.no_grad()
     def tree_laws(self, input_ids, *, tree_choices=None, drafting: str | None = None, temperature: float = 1.0,
-                  top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None) -> "TreeLaws":
+                  top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
+                  drafter=None) -> "TreeLaws":
         """Draft ONE tree after the context and score it with one target forward (no verification).
 
         The root (node 0) is the last token of ``input_ids``; the target runs over the context before
-        it (prefill), the head consumes the context's (token, feature) pairs, drafts ``tree_choices``
-        with the ``drafting`` rule, and one tree forward gives the target laws of every node. Fresh
-        caches are used and dropped, so the model is left as it was.
+        it (prefill), the drafter starts on that context (the head: its (token, feature) pairs), drafts
+        ``tree_choices`` with the ``drafting`` rule, and one tree forward gives the target laws of every
+        node. A fresh target cache is used and dropped; the drafter is restarted by its next use.
 
         Args:
             input_ids: LongTensor ``[1, L]`` (or ``[L]``), ``L >= 2``.
@@ -548,6 +601,7 @@ class EaModel(nn.Module):
                 verifier at ``temperature`` (``"topk"`` at temperature 0).
             temperature, top_p, top_k: sampling processing of both laws.
             generator: ``torch.Generator`` on the model's device for the draws (None = global RNG).
+            drafter: as in :meth:`eagenerate`; default the model's.
 
         Returns:
             :class:`TreeLaws` in the common tree form of ``eagle.verify.registry``: ``parents``,
@@ -564,18 +618,24 @@ class EaModel(nn.Module):
             drafting = _select_verifier(self.verifier.name, cfg).drafting
         if drafting not in DRAFTING_RULES:
             raise ValueError(f"unknown drafting rule {drafting!r}; use one of {DRAFTING_RULES}")
-        tree = build_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
-                                            cfg.temperature, cfg.top_p, cfg.top_k))
+        d = self.drafter if drafter is None else self._drafter_instance(drafter)
+        if drafting not in d.drafting_rules:
+            raise ValueError(f"drafter {d.name!r} cannot draft under {drafting!r} (it drafts under "
+                             f"{list(d.drafting_rules)})")
+        tree = None
+        if d.uses_tree:
+            tree = build_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
+                                                cfg.temperature, cfg.top_p, cfg.top_k))
         input_ids = self._prepare(input_ids, 1)
         if input_ids.shape[1] < 2:
             raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")
         dev = self.device
         cache = new_cache(self.base_model.config)
-        head_cache = new_cache(self.ea_layer.config)
         n = input_ids.shape[1]
         feats, _ = self.target_forward(input_ids[:, :-1], torch.arange(n - 1, device=dev)[None], cache)
-        draft, _, _, _, target_probs = self._score_tree(cache, head_cache, int(input_ids[0, -1]), input_ids[:, 1:],
-                                                        feats, tree, drafting, cfg, generator)
+        d.start(input_ids[:, :-1], feats if d.needs_features else None)
+        draft, _, _, _, target_probs = self._score_tree(d, cache, int(input_ids[0, -1]), tree, drafting, cfg,
+                                                        generator)
         return TreeLaws(parents=draft.parents, tokens=draft.tokens, depth=draft.depth, target_probs=target_probs,
                         draft_probs=draft.draft_probs)
 
