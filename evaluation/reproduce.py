@@ -52,14 +52,14 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CONFIG_KEYS", "ConfigError", "Setting", "Block", "load_setting", "question_sets", "plan_units",
+from evaluation.questions import SELECTION_PER_CATEGORY, question_sets
+
+__all__ = ["CONFIG_KEYS", "ConfigError", "Setting", "Block", "load_setting", "plan_units",
            "detect_shard", "parse_shard", "estimate_cost", "dry_run_text", "run_units", "merge_units",
            "collect_cells", "build_report", "render_report", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "paper" / "default-cpu.json"
-#: the head was compared stage to stage on the first 10 questions of each group (scripts/head_tau.sh PER_CATEGORY=10)
-SELECTION_PER_CATEGORY = 10
 #: Spec-Bench's question file beside the checkout (used when data/spec_bench/question.jsonl is absent)
 SHARED_QUESTION_FILE = REPO.parent / "shared" / "specbench" / "question.jsonl"
 SIGNIFICANT_Z = 2.0
@@ -400,22 +400,6 @@ def load_setting(path, quick: bool = False, check_methods: bool = True) -> Setti
 
 
 # -------------------------------------------------------------------------------------------- questions
-def question_sets(questions: Sequence[dict], selection_per_category: int = SELECTION_PER_CATEGORY) -> dict:
-    """``{"selection": [...], "report": [...], "all": [...]}``, disjoint selection and report sets.
-
-    selection = :func:`evaluation.questions.select_questions` with ``per_category=selection_per_category`` (the
-    questions the head was compared on, ``PER_CATEGORY=10 scripts/head_tau.sh``); report = every other question,
-    in the same group order (mt_bench round-robin over its sub-categories when a subset is taken).
-    """
-    from evaluation.questions import select_questions
-
-    sel = select_questions(questions, None, selection_per_category)
-    ids = {int(q["question_id"]) for q in sel}
-    rest = [q for q in questions if int(q["question_id"]) not in ids]
-    return {"selection": sel, "report": select_questions(rest, None, None) if rest else [],
-            "all": select_questions(questions, None, None)}
-
-
 def pick_questions(s: Setting, download: bool = True) -> list[dict]:
     """The setting's questions (its set, then ``per_category`` per group)."""
     from evaluation.questions import (DEFAULT_QUESTION_FILE, QuestionFileError, load_questions,
