@@ -426,12 +426,37 @@ def resolve_device(device: str = "auto", dtype: str = "auto"):
 
 
 def load_model(base_model: str = "default", head: Optional[str] = None, device: str = "auto",
-               dtype: str = "auto"):
-    """Load ``EaModel.from_pretrained(base_model, head, dtype=..., device_map=...)`` once."""
+               dtype: str = "auto", drafter: str = "eagle"):
+    """Load ``EaModel.from_pretrained(base_model, head, dtype=..., device_map=..., drafter=...)`` once."""
     from eagle.model.ea_model import EaModel
 
     dev, dt = resolve_device(device, dtype)
-    return EaModel.from_pretrained(base_model_path=base_model, ea_model_path=head, dtype=dt, device_map=dev)
+    return EaModel.from_pretrained(base_model_path=base_model, ea_model_path=head, dtype=dt, device_map=dev,
+                                   drafter=drafter)
+
+
+def check_drafter(name: Optional[str], methods: list, temperature: float) -> str:
+    """A registered drafter (after the plugins) that can draft under every method's drafting rule.
+
+    Raises:
+        UsageError: ``--drafter``: unknown, or it cannot draft for one of the methods (both named).
+    """
+    from eagle.drafters import available_drafters, get_drafter
+    from eagle.verify.registry import select_verifier
+
+    name = "eagle" if name is None else str(name).strip().lower()
+    try:
+        cls = get_drafter(name)
+    except ValueError:
+        raise UsageError("--drafter", f"unknown drafter {name!r}; use one of {available_drafters()}") from None
+    for m in methods:
+        if m == BASELINE:
+            continue
+        v = select_verifier(m, temperature)
+        if v.drafting not in cls.drafting_rules:
+            raise UsageError("--drafter", f"drafter {name!r} cannot draft under {v.drafting!r}, the rule verifier "
+                                          f"{v.name!r} needs")
+    return name
 
 
 #: what --quick sets (options given explicitly still win)
@@ -478,6 +503,7 @@ class Config:
     no_progress: bool
     plots: bool
     draft_vocab: str = "auto"
+    drafter: str = "eagle"
     speed_tree: str = "none"
     speed_methods: list = field(default_factory=list)
     expected_tau: str = "auto"
@@ -532,6 +558,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--threads", default=1,
                     help="CPU: torch threads (default 1: on a shared CPU several threads spin against each other); "
                          "0 = torch's default")
+    ap.add_argument("--drafter", default=None,
+                    help="drafter: eagle (the EAGLE-1 head, default) | prompt_lookup (n-gram lookup in prompt and "
+                         "output, no head) | a plug-in's (entry-point group univer_eagle.drafters)")
     ap.add_argument("--draft-vocab", default="auto", choices=("auto", "off"),
                     help="auto: draft over the head's draft vocabulary (draft_vocab.safetensors beside the head) "
                          "when it has one; off: over the full target vocabulary (output is lossless either way)")
@@ -605,11 +634,15 @@ def check_arguments(args: argparse.Namespace) -> Config:
         if args.model is None and getattr(args, "model_pos", None):
             raise UsageError("MODEL (first positional argument)", str(e).split(": ", 1)[1]) from None
         raise
-    head = check_head(args.head, model)
+    drafter = check_drafter(getattr(args, "drafter", None), methods + list(speed_methods), temperature)
+    from eagle.drafters import get_drafter
+
+    head = check_head(args.head, model) if get_drafter(drafter).needs_head or args.head else None
     template = check_template(args.template, model)
     questions = check_question_file(args.question_file, args.categories, per_cat,
                                     question_set=getattr(args, "question_set", "all"))
-    out = args.out or f"runs/specbench/{Path(str(model)).name}-temp{temperature:g}-{tree}" + ("-quick" if quick else "")
+    out = args.out or (f"runs/specbench/{Path(str(model)).name}-temp{temperature:g}-{tree}"
+                       + (f"-{drafter}" if drafter != "eagle" else "") + ("-quick" if quick else ""))
     out = check_out_dir(out)
     return Config(model=model, head=head, temperature=temperature, top_p=top_p, top_k=top_k, tree=tree,
                   methods=methods, seeds=seeds, per_category=per_cat, max_new_tokens=max_new, questions=questions,
@@ -619,7 +652,7 @@ def check_arguments(args: argparse.Namespace) -> Config:
                   contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
                   no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False),
                   draft_vocab=getattr(args, "draft_vocab", "auto"), speed_tree=speed_tree, speed_methods=speed_methods,
-                  expected_tau=expected_tau)
+                  expected_tau=expected_tau, drafter=drafter)
 
 
 def load_checked_model(cfg: Config):
@@ -635,7 +668,7 @@ def load_checked_model(cfg: Config):
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     try:
-        model = load_model(cfg.model, cfg.head, cfg.device, cfg.dtype)
+        model = load_model(cfg.model, cfg.head, cfg.device, cfg.dtype, drafter=cfg.drafter)
     except Exception as e:  # noqa: BLE001 - hub/transformers raise many types; report one line
         flag = "--head" if type(e).__name__ == "CheckpointMismatchError" else "--model/--head"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

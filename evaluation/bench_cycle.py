@@ -2,6 +2,10 @@
 
     python -m evaluation.bench_cycle [--trees chain4,mc_sim_7b_63,2x5] [--methods rrsw]
                                      [--temperatures 0] [--draft-vocab off|on|both] [--rounds 3]
+                                     [--drafters eagle,prompt_lookup]
+
+``--drafters``: every drafter runs every method; a drafter that picks its own tree shape
+(``prompt_lookup``) runs once per method and temperature (tree ``-``, no draft vocabulary).
 
 Every configuration (tree x method x temperature x draft vocabulary x fast CPU linears) and plain
 decoding (same fast-CPU setting) run ``--new-tokens`` tokens on each of ``--contexts`` fixed contexts
@@ -144,6 +148,10 @@ def run(args) -> dict:
         model.set_fast_cpu(fast)
         model.ea_layer.set_draft_vocab(d2t_file if dv else None)
 
+    from eagle.drafters import get_drafter
+
+    tree_drafters = [d for d in args.drafters if get_drafter(d).uses_tree]
+    own_shape_drafters = [d for d in args.drafters if not get_drafter(d).uses_tree]
     configs, auto_info, predicted, autotree_contexts = [], {}, {}, []
     for fast in fast_variants:
         for temp in args.temperatures:
@@ -161,8 +169,13 @@ def run(args) -> dict:
                                                                                  contexts=autotree_contexts)
                         predicted[(fast, temp, dv)] = _predicted(model, temp)
                     for method in args.methods:
-                        configs.append({"tree": tree, "method": method, "temperature": temp, "draft_vocab": dv,
-                                        "fast_cpu": fast})
+                        for drafter in tree_drafters:
+                            configs.append({"tree": tree, "method": method, "temperature": temp, "draft_vocab": dv,
+                                            "fast_cpu": fast, "drafter": drafter})
+            for method in args.methods:
+                for drafter in own_shape_drafters:
+                    configs.append({"tree": "-", "method": method, "temperature": temp, "draft_vocab": False,
+                                    "fast_cpu": fast, "drafter": drafter})
     results = {i: [] for i in range(len(configs))}
     naive = {(f, t): [] for f in fast_variants for t in args.temperatures}
     prefills = {f: [] for f in fast_variants}
@@ -180,9 +193,10 @@ def run(args) -> dict:
                 c = configs[i]
                 setup(fast, c["draft_vocab"])
                 key = (fast, c["temperature"], c["draft_vocab"])
-                tree = auto_info[key] if c["tree"] == "auto" else c["tree"]
+                tree = auto_info[key] if c["tree"] == "auto" else None if c["tree"] == "-" else c["tree"]
                 runs = [model.eagenerate(ctx, temperature=c["temperature"], max_new_tokens=args.new_tokens,
-                                         tree_choices=tree, verifier=c["method"], seed=r, return_stats=True)[1]
+                                         tree_choices=tree, verifier=c["method"], seed=r, return_stats=True,
+                                         drafter=c["drafter"])[1]
                         for ctx in contexts]
                 if not warm:
                     results[i].append(_per_cycle(runs, prefill))
@@ -207,7 +221,7 @@ def run(args) -> dict:
         med = {k: statistics.median(x[k] for x in res) for k in res[0]}
         key = (c["fast_cpu"], c["temperature"], c["draft_vocab"])
         choices = auto_info[key] if c["tree"] == "auto" else c["tree"]
-        row = {**c, "nodes": build_tree(choices).num_nodes - 1, "decode_step_s": step,
+        row = {**c, "nodes": None if c["tree"] == "-" else build_tree(choices).num_nodes - 1, "decode_step_s": step,
                "parts_s": {p: med[p] for p in PARTS}, "cycle_s": med["cycle"],
                "parts_steps": {p: med[p] / step for p in PARTS}, "cycle_steps": med["cycle"] / step,
                "tau": med["tau"], "tokens_per_s": med["tokens_per_s"],
@@ -262,16 +276,16 @@ def _predicted(model, t: float) -> dict | None:
 
 
 def table(res: dict) -> str:
-    head = ["tree", "method", "T", "fast", "dv", "nodes", "tau"] + [SHORT[p] for p in PARTS] + \
+    head = ["drafter", "tree", "method", "T", "fast", "dv", "nodes", "tau"] + [SHORT[p] for p in PARTS] + \
         ["cycle", "cycle ms", "tok/s", "speedup"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in res["rows"]:
         tau = f"{r['tau']:.2f}"
         if r.get("predicted"):
             tau += f" (pred {r['predicted']['tau']:.2f})"
-        cells = [str(r["tree"]), r["method"], f"{r['temperature']:g}", "on" if r["fast_cpu"] else "-",
+        cells = [r.get("drafter", "eagle"), str(r["tree"]), r["method"], f"{r['temperature']:g}", "on" if r["fast_cpu"] else "-",
                  "K" if r["draft_vocab"] else "-",
-                 str(r["nodes"]), tau] + [f"{r['parts_steps'][p]:.2f}" for p in PARTS] + \
+                 "-" if r["nodes"] is None else str(r["nodes"]), tau] + [f"{r['parts_steps'][p]:.2f}" for p in PARTS] + \
             [f"{r['cycle_steps']:.2f}", f"{1e3 * r['cycle_s']:.1f}", f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"plain decoding {k}: decode step {1e3 * v['decode_step_s']:.1f} ms, {v['tokens_per_s']:.2f} tok/s"
@@ -294,6 +308,8 @@ def parse_args(argv=None):
     ap.add_argument("--head", default=None, help="head folder / hub id (default: the model's default head)")
     ap.add_argument("--trees", default="chain4,mc_sim_7b_63,2x5", help="comma list; 'auto' = the fitted tree")
     ap.add_argument("--methods", default="rrsw", help="comma list of verifiers")
+    ap.add_argument("--drafters", "--drafter", default="eagle",
+                    help="comma list of drafters (eagle, prompt_lookup, plug-ins'); default eagle")
     ap.add_argument("--temperatures", default="0", help="comma list, e.g. 0,1")
     ap.add_argument("--draft-vocab", default="off", choices=("off", "on", "both"),
                     help="run without / with the head's draft vocabulary (both: paired)")
@@ -315,6 +331,12 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    args.drafters = [d.strip().lower() for d in args.drafters.split(",") if d.strip()]
+    from eagle.drafters import available_drafters
+
+    unknown = [d for d in args.drafters if d not in available_drafters()]
+    if unknown or not args.drafters:
+        ap.error(f"--drafters: unknown {unknown or args.drafters}; use some of {available_drafters()}")
     try:
         args.temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
     except ValueError:

@@ -300,13 +300,14 @@ def provenance(model, model_name: str = "default", head: Optional[str] = None, p
         "dtype": None if dtype is None else str(dtype), "threads": int(torch.get_num_threads()),
         "fast_cpu": getattr(model, "fast_cpu", None),
         "draft_vocab": _draft_vocab_size(model),
+        "drafter": getattr(getattr(model, "drafter", None), "name", None),
         "prompt_format": None if prompt_format is None else prompt_format.describe(),
     }
 
 
 #: settings that must match for answers to be appended to an existing file (resuming)
 RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature", "tree", "tree_choices", "seed",
-               "method", "draft_vocab")
+               "method", "draft_vocab", "drafter")
 
 
 def resolve_tree_choices(model, cfg, tree: Optional[str] = None) -> Optional[list]:
@@ -400,10 +401,12 @@ def generate_answers(model, questions: Sequence[dict], answer_file: os.PathLike 
         warm_q = {"question_id": 0, "turns": todo[0]["turns"][:1]}  # untimed, not written
         generate_turns(model, tok, warm_q, method, max_new_tokens=min(16, max_new_tokens), seed=seed, **gen_kw)
     info = dict(run_info) if run_info is not None else provenance(model, model_name, head, prompt_format)
-    model_id = f"{Path(str(model_name)).name}-{method}-temp{_fmt_temp(temperature)}" + (
+    drafter = info.get("drafter")
+    shown = f"{method}+{drafter}" if method != BASELINE and drafter not in (None, "eagle") else method
+    model_id = f"{Path(str(model_name)).name}-{shown}-temp{_fmt_temp(temperature)}" + (
         f"-{tree_used}" if tree_used else "")
     written = 0
-    label = f"{method} T={_fmt_temp(temperature)}" + (f" {tree_used}" if tree_used else "") + f" seed={seed}"
+    label = f"{shown} T={_fmt_temp(temperature)}" + (f" {tree_used}" if tree_used else "") + f" seed={seed}"
     total = sum(len(q["turns"]) for q in todo) * int(max_new_tokens)
     bar = tqdm(total=total, desc=label, disable=not progress, unit="tok", dynamic_ncols=True)
     try:

@@ -1,0 +1,44 @@
+"""``--drafter`` in the harness: checked at the door, recorded in the settings, the answers and the run label."""
+import json
+
+import pytest
+import torch
+
+from evaluation import arguments as A
+from evaluation import gen_answer as G
+from evaluation import specbench as SB
+
+
+def _check(tmp_path, *extra):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["Write a poem."]}) + "\n")
+    return SB.check_arguments(SB._parser().parse_args(["--quick", "--question-file", str(q), *extra]))
+
+
+def test_drafter_flag_is_checked_and_recorded(tmp_path):
+    cfg = _check(tmp_path, "--drafter", "prompt_lookup", "--out", str(tmp_path / "o"))
+    assert cfg.drafter == "prompt_lookup" and cfg.settings()["drafter"] == "prompt_lookup"
+    assert _check(tmp_path, "--out", str(tmp_path / "p")).drafter == "eagle"
+    with pytest.raises(A.UsageError, match="--drafter: unknown drafter 'nope'"):
+        _check(tmp_path, "--drafter", "nope")
+    # no head needed for a drafter without one, even for a non-default model
+    cfg = _check(tmp_path, "--drafter", "prompt_lookup", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 "--out", str(tmp_path / "q"))
+    assert cfg.head is None
+
+
+def test_answers_name_the_drafter(tmp_path):
+    from eagle.testing import tiny_ea_model
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    m = tiny_ea_model(vocab_size=16, seed=0)
+    m.set_drafter("prompt_lookup")
+    f = tmp_path / "a.jsonl"
+    q = [{"question_id": 1, "category": "writing", "turns": ["x"]}]
+    G.generate_answers(m, q, f, "rrsw", temperature=0.0, max_new_tokens=8, tree="2x5", seed=0, tokenizer=Tok(),
+                       progress=False, warmup=False, prompt_builder=lambda tok, msgs: [1, 2, 3, 1, 2])
+    rec = json.loads(f.read_text().splitlines()[0])
+    assert rec["drafter"] == "prompt_lookup" and "rrsw+prompt_lookup" in rec["model_id"]
