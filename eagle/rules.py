@@ -19,7 +19,7 @@ import torch
 
 
 __all__ = ["DRAFTING_RULES", "draw_children", "stable_topk", "residual_draft", "remaining_mass", "remaining_masses",
-           "children_law", "positive_part", "removed_mask", "BLOCK_ELEMENTS",
+           "children_law", "positive_part", "removed_mask", "zero_tokens_", "BLOCK_ELEMENTS",
            "LAMBDA_CAP"]
 
 #: elements per row block of the batched passes (4 MiB in float32: stays in cache on CPU)
@@ -116,10 +116,22 @@ def removed_mask(like: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor)
     return cnt > 0
 
 
+def zero_tokens_(x: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[k, V]``, in place) with ``tokens[i, j]`` set to 0 where ``remove[i, j]``; returns ``x``.
+
+    One scatter of ``r`` values per row, no ``[k, V]`` mask: a kept slot that names the same token as
+    a removed one writes 0 as well (a slot-by-slot comparison, ``[k, r, r]``), so every write to
+    one column carries the same value and the scatter is exact whatever the order of the writes
+    (the race of issue 52 cannot occur).
+    """
+    same = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # [k, r, r]
+    gone = (same & remove.unsqueeze(1)).any(2)  # slot j names a removed token
+    return x.scatter_(1, tokens, x.gather(1, tokens).masked_fill_(gone, 0.0))
+
+
 def _masked_sums(sub: torch.Tensor, tokens: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
     """Row sums of ``sub`` (a copy, modified in place) with the removed tokens zeroed (float64)."""
-    sub.masked_fill_(removed_mask(sub, tokens, remove), 0.0)
-    return sub.sum(1).to(torch.float64)
+    return zero_tokens_(sub, tokens, remove).sum(1).to(torch.float64)
 
 
 def _race(q: torch.Tensor, k: int, generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,8 @@ the top-(m-1) tokens, so they keep their whole target mass); if x is a child mov
 y = x. At a leaf y ~ M_b(.|leaf). The single-step plan is the optimum for this drafting rule.
 
 Uniforms (pure kernel): ``uniforms[i, 0]`` is the acceptance coin of node i as the sampled child,
-``uniforms[i, 1]`` draws the residual token x at node i (or y at a leaf).
+``uniforms[i, 1]`` draws the residual token x at node i (or y at a leaf), by inverse CDF over the
+top children first, then the other tokens (see :func:`greedy_kernel`).
 """
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ from functools import lru_cache
 
 import torch
 
-from eagle.rules import LAMBDA_CAP, positive_part
+from eagle.rules import LAMBDA_CAP, positive_part, remaining_masses
 from eagle.sampling import draw_with_uniforms
 from eagle.tree.structure import TreeStructure, device_tables, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
 
-from .univer import positive_part_sums
+from .univer import _first_row, _take, positive_part_sums
 
 __all__ = ["traversal_kernel", "traversal_law", "VERIFIER"]
 
@@ -85,16 +85,18 @@ def _tests(st: TreeStructure, tokens: torch.Tensor, target_probs: torch.Tensor, 
 
 @lru_cache(maxsize=256)
 def _levels(parents: tuple, device: str) -> tuple:
-    """Per depth with inner nodes, top-down: ``(nodes [k], children [k, w] (-1 = none),
-    children_safe [k, w], valid [k, w])`` on ``device`` (cached per tree shape and device)."""
+    """Per depth with inner nodes, top-down: ``(nodes [k], first, children [k, w] (-1 = none),
+    children_safe [k, w], valid [k, w])`` on ``device`` (cached per tree shape and device);
+    ``first`` = nodes[0] when the nodes are consecutive (their rows are a view), else -1."""
     tab = device_tables(parents, device)
     st = tree_structure(parents)
     out = []
     for nodes, _, _ in st.inner_levels:
-        nodes = nodes.to(device)
         w = max(len(st.children[v]) for v in nodes.tolist())
+        first = _first_row(nodes)  # host tensor: no read of the device
+        nodes = nodes.to(device)
         ch = tab.children.index_select(0, nodes)[:, :w]
-        out.append((nodes, ch, tab.children_safe.index_select(0, nodes)[:, :w], ch >= 0))
+        out.append((nodes, first, ch, tab.children_safe.index_select(0, nodes)[:, :w], ch >= 0))
     return tuple(out)
 
 
@@ -132,15 +134,14 @@ def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torc
     alpha = torch.ones(n, dtype=f64, device=dev)  # alpha when entered, then when tested
     lam_end = torch.zeros(n, dtype=f64, device=dev)  # L of each node when tested (0 at leaves)
     frozen = torch.zeros(n, dtype=f64, device=dev)  # P_raw at a node's token at its parent, once removed
-    for nodes, ch, safe, valid in _levels(st.parents, str(dev)):
+    for nodes, first, ch, safe, valid in _levels(st.parents, str(dev)):
         k, w = ch.shape
         ct = tokens[safe]  # [k, w], padding repeats the first child
         col = nodes.view(-1, 1)
         b = target_probs[col, ct].to(f64).masked_fill_(~valid, 0.0)  # B(u_j)
         qc = draft_probs[col, ct].to(f64).masked_fill_(~valid, 0.0)  # q(u_j)
-        Bk = target_probs.index_select(0, nodes).scatter_(1, ct, 0.0)  # [k, V] off the children
-        qk = draft_probs.index_select(0, nodes).scatter_(1, ct, 0.0)
-        q_off = qk.sum(1).to(f64)
+        Bk, qk = _take(target_probs, first, nodes), _take(draft_probs, first, nodes)  # [k, V] (views if consecutive)
+        q_off = remaining_masses(qk, ct, valid)  # the draft mass off the children, summed directly
         qsuf = qc.flip(1).cumsum(1).flip(1)  # sum over the children from u_j on
         al = alpha.index_select(0, nodes)
         L = torch.zeros(k, dtype=f64, device=dev)
@@ -157,7 +158,7 @@ def traversal_kernel(st: TreeStructure, tokens: torch.Tensor, target_probs: torc
             # u_j rejected: P <- norm(max(alpha P - Q, 0)), Q <- Q without x_u, alpha <- S / (S + 1 - alpha)
             lam = (Pm / (al * Qm).clamp_min(1e-300)).clamp_(max=LAMBDA_CAP)
             nL = (L + lam).clamp_(max=LAMBDA_CAP)
-            dense = positive_part_sums(Bk, qk, nL.view(-1, 1)).to(f64)
+            dense = positive_part_sums(Bk, qk, nL.view(-1, 1), zero=ct).to(f64)  # off the children
             after = torch.addcmul(b, nL.view(-1, 1), qc, value=-1.0).clamp_(min=0.0)  # at the children not removed
             fj = after[:, j]
             r_mass = dense + after[:, j:].sum(1) + fz[:, :j].sum(1)

@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-from eagle.rules import BLOCK_ELEMENTS, LAMBDA_CAP, positive_part, remaining_masses, removed_mask
+from eagle.rules import BLOCK_ELEMENTS, LAMBDA_CAP, positive_part, remaining_masses
 from eagle.sampling import draw_with_uniforms
 from eagle.tree.structure import TreeStructure, device_tables, tree_structure
 from eagle.verify.registry import Verifier, register_verifier
@@ -146,12 +146,14 @@ def _shape_of(parents: tuple, device: str = "cpu") -> _Shape:
                   vc=cn[valid], valid_flat=valid.flatten().nonzero().flatten(), levels=tuple(levels))
 
 
-def positive_part_sums(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+def positive_part_sums(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor, zero: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """Row sums of max(B - lam q, 0): the dense part of UniVer's Eq. 3.
 
     Args:
         B, q: float ``[k, V]`` (same dtype and device); lam: ``[k, 1]``, >= 0, of that dtype or
-            float64 (up to :data:`LAMBDA_CAP`).
+            float64 (up to :data:`LAMBDA_CAP`); zero: optional LongTensor ``[k, r]`` of tokens left
+            out of the sums (their terms are set to 0 before summing; repeats are fine).
 
     Returns:
         ``[k]`` in the dtype of ``B``. A float64 ``lam`` with float32 rows is applied as two
@@ -163,12 +165,15 @@ def positive_part_sums(B: torch.Tensor, q: torch.Tensor, lam: torch.Tensor) -> t
     k, V = B.shape
     rows = max(1, BLOCK_ELEMENTS // max(V, 1))
     if k <= rows or B.device.type != "cpu":  # one fused pass suits a GPU
-        return positive_part(B, q, lam).sum(1)
+        blk = positive_part(B, q, lam)
+        return (blk if zero is None else blk.scatter_(1, zero, 0.0)).sum(1)
     out = torch.empty(k, dtype=B.dtype, device=B.device)
     buf = torch.empty(rows, V, dtype=B.dtype, device=B.device)
     for r0 in range(0, k, rows):
         r1 = min(k, r0 + rows)
         blk = positive_part(B[r0:r1], q[r0:r1], lam[r0:r1], out=buf[: r1 - r0])
+        if zero is not None:
+            blk.scatter_(1, zero[r0:r1], 0.0)
         torch.sum(blk, 1, out=out[r0:r1])
     return out
 
@@ -271,21 +276,24 @@ def allocation_row(alloc: Allocation, st: TreeStructure, tokens: torch.Tensor, t
     v = (v.to(dev) if isinstance(v, torch.Tensor) else torch.tensor(v, device=dev)).view(1).long()
     ch = tab.children.index_select(0, v)  # [1, mmax], -1 = none
     m = tab.num_children.index_select(0, v)  # [1]
-    cols = torch.arange(ch.shape[1], device=dev)
     valid = ch >= 0
-    ctok = tokens.to(dev)[ch.clamp(min=0)]  # [1, mmax]
-    top = valid & (cols < m - 1)
-    last = valid & (cols == m - 1)
+    ctok = tokens.to(dev)[tab.children_safe.index_select(0, v)]  # [1, mmax]; padding repeats the first child
+    top = valid & (tab.rank < m - 1)
+    last = valid & (tab.rank == m - 1)
     pt, c, w = (x.index_select(0, v) for x in (alloc.p_tilde, alloc.scale, alloc.weight))  # [1] float64
     lam = torch.where(pt > 0, c / pt.clamp_min(1e-300), LAMBDA_CAP).clamp(max=LAMBDA_CAP)
     B, q = target_probs.index_select(0, v), draft_probs.index_select(0, v)  # [1, V]
     row = positive_part(B, q, lam.view(1, 1))
-    row = torch.where(removed_mask(row, ctok, top), B, row)  # Q = 0 on the top children
-    row = row * (w * pt).to(row.dtype).view(1, 1)
-    row = row.masked_fill(removed_mask(row, ctok, valid if children_zeroed else last), 0.0)
+    # the children's columns: B on the top children (Q = 0 there), then the scale, then 0 or p_v(u_m)
+    vals = torch.where(top, B.gather(1, ctok), row.gather(1, ctok))
+    row.mul_((w * pt).to(row.dtype).view(1, 1))
+    vals = vals * (w * pt).to(row.dtype).view(1, 1)
+    vals = vals.masked_fill(valid if children_zeroed else last, 0.0)
     if not children_zeroed:
         p_last = alloc.p_edge[ch.clamp(min=0)].masked_fill(~last, 0.0).sum(1).to(row.dtype)  # p_v(u_m)
-        row = row + removed_mask(row, ctok, last).to(row.dtype) * p_last.view(1, 1)
+        vals = vals + last.to(row.dtype) * p_last.view(1, 1)
+    # padding slots name the first child's column: they write its value (an exact scatter)
+    row.scatter_(1, ctok, vals.gather(1, torch.where(valid, tab.rank, 0)))
     return row[0]
 
 
@@ -317,8 +325,7 @@ def _y_row(alloc, st, tokens, target_probs, draft_probs, v: torch.Tensor) -> tor
     if not tab.width[0]:  # a tree of the root alone
         return B
     row = allocation_row(alloc, st, tokens, target_probs, draft_probs, v).to(B.dtype)
-    ch = tab.children.index_select(0, v1)
-    off = B.masked_fill(removed_mask(B.view(1, -1), tokens.to(dev)[ch.clamp(min=0)], ch >= 0)[0], 0.0)
+    off = B.clone().scatter_(0, tokens.to(dev)[tab.children_safe.index_select(0, v1)[0]], 0.0)  # zero writes: exact (unused at a leaf)
     leaf = tab.num_children.index_select(0, v1)[0] == 0
     use = torch.where(leaf | ~(row.sum() > 0), torch.where(leaf | ~(off.sum() > 0), 0, 1), 2)
     return torch.where(use == 2, row, torch.where(use == 1, off, B))
