@@ -192,7 +192,7 @@ def smooth_acceptance(table: np.ndarray, weight: np.ndarray, strength: float = 4
 
 
 @torch.no_grad()
-def default_contexts(model, n_prompts: int = 16, new_tokens: int = 48, per_prompt: int = 4,
+def default_contexts(model, n_prompts: int = 12, new_tokens: int = 48, per_prompt: int = 3,
                      temperature: float = 0.0, seed: int = 0, corpus=None) -> list[torch.Tensor]:
     """Real contexts for the measurements: prompt + the target's own answer cut at ``per_prompt``
     evenly spaced points.

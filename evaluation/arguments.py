@@ -460,7 +460,7 @@ def check_drafter(name: Optional[str], methods: list, temperature: float) -> str
 
 
 #: what --quick sets (options given explicitly still win)
-QUICK = {"seeds": "0", "per_category": 2, "max_new_tokens": 24, "contexts_per_question": 2, "draws": 1}
+QUICK = {"seeds": "0", "per_category": 2, "max_new_tokens": 16, "contexts_per_question": 1, "draws": 1}
 QUICK_NOTE = ("SMOKE RUN (--quick: {seeds} seed(s), {per_category} question(s) per category group, {max_new} new "
               "tokens per turn): it checks that everything runs; its numbers are not a benchmark")
 

@@ -18,7 +18,7 @@ written), then the model is loaded once and the job runs:
 5. plots (``OUT/*.png``, :mod:`evaluation.plots`); ``OUT/run.json`` holds the settings, provenance and
    the seconds of every stage.
 
-``--quick`` is a smoke run (1 seed, 2 questions per group, 24 new tokens, 2 exact-tau contexts
+``--quick`` is a smoke run (1 seed, 2 questions per group, 16 new tokens, 1 exact-tau context
 per question), labelled so in every table and plot.
 """
 from __future__ import annotations

@@ -33,7 +33,7 @@
 #   --draws N              exact tau: tree draws per drafting rule and context (default 1)
 #   --bootstrap N          bootstrap resamples over questions (default 1000)
 #   --device, --dtype      auto (CUDA + float16 when available, else CPU + float32)
-#   --quick                SMOKE RUN: 1 seed, 2 questions per group, 24 new tokens, 2 exact-tau contexts
+#   --quick                SMOKE RUN: 1 seed, 2 questions per group, 16 new tokens, 1 exact-tau context
 #                          per question; options given explicitly win. Labelled as a smoke run everywhere.
 # --help (anywhere on the line) prints every option.
 # Outputs in DIR: answers/*.jsonl (Spec-Bench format + provenance), speed.json, table1.md/.json, speed_table.md,

@@ -97,8 +97,8 @@ def test_out_that_is_a_file_and_head_without_weights(tmp_path):
 def test_quick_defaults_and_explicit_values_win(tmp_path):
     q = str(_questions(tmp_path))
     cfg = _check(["default", "0.7", "--quick", "--question-file", q, "--out", str(tmp_path / "o")])
-    assert (cfg.model, cfg.temperature, cfg.seeds, cfg.per_category, cfg.max_new_tokens) == ("default", 0.7, [0], 2, 24)
-    assert cfg.note.startswith("SMOKE RUN") and cfg.contexts_per_question == 2
+    assert (cfg.model, cfg.temperature, cfg.seeds, cfg.per_category, cfg.max_new_tokens) == ("default", 0.7, [0], 2, 16)
+    assert cfg.note.startswith("SMOKE RUN") and cfg.contexts_per_question == 1
     assert cfg.methods == A.method_names(0.7) and {"rrsw", "traversal", "greedy", "univer"} <= set(cfg.methods)
     assert [x["question_id"] for x in cfg.questions] == [81, 82, 161, 162]   # 2 per group
     cfg = _check(["--quick", "--seeds", "3", "4", "--max-new-tokens", "8", "--question-file", q, "--out",
