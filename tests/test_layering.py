@@ -35,7 +35,7 @@ MODULES = _modules()
 
 
 def layer(module: str) -> float:
-    if module == "eagle" or module.startswith("eagle.tree"):
+    if module == "eagle" or module.startswith("eagle.tree") or module == "eagle.plugins":
         return 0
     if module == "eagle.sampling":
         return 1
@@ -146,7 +146,7 @@ def test_no_import_cycles():
 
 
 #: the inference side: what generates text (engine, drafting, verifiers, the shipped head's files)
-INFERENCE = ("eagle.model", "eagle.verify", "eagle.tree", "eagle.data", "eagle.drafting", "eagle.autotree",
+INFERENCE = ("eagle.model", "eagle.verify", "eagle.tree", "eagle.data", "eagle.drafting", "eagle.drafters", "eagle.plugins", "eagle.autotree",
              "eagle.rules", "eagle.sampling", "univer_patch")
 
 

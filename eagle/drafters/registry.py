@@ -8,10 +8,9 @@ entry-point group :data:`ENTRY_POINT_GROUP`, which :func:`available_drafters` an
 """
 from __future__ import annotations
 
-import warnings
-from importlib import metadata
 
 from ..drafting import Drafter
+from ..plugins import load_entry_points
 
 __all__ = ["ENTRY_POINT_GROUP", "register_drafter", "unregister_drafter", "get_drafter", "available_drafters",
            "make_drafter"]
@@ -48,15 +47,12 @@ def unregister_drafter(name: str) -> None:
 
 
 def _load_entry_points() -> None:
+    """Load the installed plugins of :data:`ENTRY_POINT_GROUP` (once; a broken one warns)."""
     global _PLUGINS_LOADED
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except Exception as e:  # a broken third-party plugin must not take the registry down
-            warnings.warn(f"drafter plugin {ep.name!r} ({ep.value}) failed to load: {e!r}", stacklevel=3)
+    load_entry_points(ENTRY_POINT_GROUP, "drafter")
 
 
 def available_drafters() -> list[str]:

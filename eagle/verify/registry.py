@@ -23,13 +23,12 @@ Common tree form of one verification step (every verifier takes exactly this):
 from __future__ import annotations
 
 import importlib
-import warnings
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Callable
 
 import torch
 
+from ..plugins import load_entry_points
 from ..rules import DRAFTING_RULES
 from ..tree.structure import TreeStructure
 from .checks import compute_dtype, prepare_step
@@ -213,11 +212,7 @@ def _load_entry_points() -> None:
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except Exception as e:  # a broken third-party plugin must not take the registry down
-            warnings.warn(f"verifier plugin {ep.name!r} ({ep.value}) failed to load: {e!r}", stacklevel=3)
+    load_entry_points(ENTRY_POINT_GROUP, "verifier")
 
 
 def available_verifiers(temperature: float | None = None) -> list[str]:
