@@ -35,14 +35,15 @@
 #   --device, --dtype      auto (CUDA + float16 when available, else CPU + float32)
 #   --quick                SMOKE RUN: 1 seed, 2 questions per group, 16 new tokens, 1 exact-tau context
 #                          per question; options given explicitly win. Labelled as a smoke run everywhere.
-# --help (anywhere on the line) prints every option.
+# --help (anywhere on the line) prints every option, also those not listed here (--drafter, --question-set,
+# --expected-tau, --categories, --top-p, --top-k, --no-plots, ...). Relative paths are taken from the folder
+# you run the command in.
 # Outputs in DIR: answers/*.jsonl (Spec-Bench format + provenance), speed.json, table1.md/.json, speed_table.md,
 #   exact_tau.md/.json, tau_by_group.png, tau_expected_by_group.png, exact_tau.png, speedup.png,
 #   time_breakdown.png, run.json (settings, provenance, seconds per stage).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="python"; fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PY" -m evaluation.specbench "$@"
