@@ -592,6 +592,10 @@ def check_arguments(args: argparse.Namespace) -> Config:
         UsageError: the first bad argument (the message starts with its flag).
     """
     quick = bool(getattr(args, "quick", False))
+    for flag, pos_name, pos in (("--model", "MODEL", "model_pos"), ("--temperature", "TEMPERATURE", "temperature_pos")):
+        given, positional = getattr(args, flag[2:]), getattr(args, pos, None)
+        if given is not None and positional is not None and str(given) != str(positional):
+            raise UsageError(flag, f"given as {given!r} and as the positional {pos_name} {positional!r}: give one")
     model = args.model or getattr(args, "model_pos", None) or "default"
     temp_raw = args.temperature if args.temperature is not None else (getattr(args, "temperature_pos", None) or 1.0)
     try:

@@ -145,3 +145,14 @@ def test_temperature_0_half_precision_splits_only_at_near_ties(dtype, float32_lo
             scale = float(row.abs().max())
             assert 0 <= gap <= 64 * eps * max(scale, 1.0), (seed, tree, k, gap, scale)
     assert splits <= 8  # most runs agree token for token
+
+
+def test_from_pretrained_names_a_missing_base_and_a_missing_head(tmp_path):
+    """A missing local base folder and a non-default base without a head get one clear ValueError each
+    (before any download); ``drafter=None`` means the default drafter."""
+    from eagle.model.ea_model import EaModel
+
+    with pytest.raises(ValueError, match="base model folder .* does not exist"):
+        EaModel.from_pretrained(str(tmp_path / "nodir"))
+    with pytest.raises(ValueError, match="ea_model_path .* is required for base model 'org/model'"):
+        EaModel.from_pretrained("org/model", drafter=None)

@@ -186,6 +186,7 @@ def test_verifiers_compared_on_2x5_and_speed_on_the_fitted_tree(tmp_path):
 @pytest.mark.parametrize("argv,flag", [
     (["--tree", "bogus"], "--tree"), (["--tree", "none"], "--tree"), (["--speed-tree", "bogus"], "--speed-tree"),
     (["--speed-methods", "bogus"], "--speed-methods"), (["no/such/folder"], "MODEL"), (["default", "hot"], "TEMPERATURE"),
+    (["--temperature", "0.5", "default", "1.0"], "--temperature"), (["--model", "default", "org/other"], "--model"),
 ])
 def test_bad_tree_and_positional_errors_name_their_flag(tmp_path, argv, flag):
     q = str(_questions(tmp_path))

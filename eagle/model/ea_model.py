@@ -22,6 +22,7 @@ import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -205,6 +206,12 @@ class EaModel(nn.Module):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         embedded = base_model_path in (None, "default")
+        drafter = "eagle" if drafter is None else drafter
+        if not embedded:
+            p = Path(str(base_model_path)).expanduser()
+            looks_local = p.is_absolute() or str(base_model_path).startswith((".", "~"))
+            if looks_local and not p.exists():
+                raise ValueError(f"base model folder {base_model_path} does not exist (a hub id looks like org/name)")
         needs_head = drafter.needs_head if isinstance(drafter, Drafter) else get_drafter(drafter).needs_head
         if embedded:
             from .default import DEFAULT_HEAD, default_base_folder
@@ -213,8 +220,9 @@ class EaModel(nn.Module):
             if needs_head:
                 ea_model_path = ea_model_path or DEFAULT_HEAD
         if ea_model_path is None and needs_head:
-            raise ValueError("ea_model_path is required for a base model other than the default (or use a drafter "
-                             "that needs no head, e.g. drafter='prompt_lookup')")
+            raise ValueError(f"ea_model_path (an EAGLE head folder or hub id) is required for base model "
+                             f"{base_model_path!r} (only the embedded 'default' has one built in; or use a drafter "
+                             f"that needs no head, e.g. drafter='prompt_lookup')")
         base = AutoModelForCausalLM.from_pretrained(base_model_path, **hf_kwargs)
         base.eval()
         check_tree_attention(getattr(base.config, "_attn_implementation", None))
