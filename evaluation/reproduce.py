@@ -70,7 +70,7 @@ CONFIG_KEYS = {
     "description": "free text shown in the report",
     "model": "'default' (embedded CPU model) or a hub id / folder (required)",
     "head": "EAGLE-1 head hub id / folder; null = the shipped head of --model default",
-    "drafter": "'eagle_head' (runs) or 'draft_lm' (a separate small LM; no drafter for it exists yet)",
+    "drafter": "'eagle' (runs) or 'draft_lm' (a separate small LM; no drafter for it exists yet)",
     "draft_model": "hub id of the draft language model (drafter 'draft_lm')",
     "paper_model": "whose published numbers sit beside ours (a key of evaluation.paper.PAPER_MODELS) or null",
     "device": "auto | cpu | cuda | cuda:N (a sharded GPU run takes cuda:LOCAL_RANK)",
@@ -99,7 +99,7 @@ BLOCK_KEYS = {"table", "layout", "temperatures", "trees", "widths", "depths", "m
 SAMPLED_KEYS = {"temperature", "tree", "methods", "per_category", "max_new_tokens"}
 COST_KEYS = {"decode_step_s", "prefill_tokens_per_step", "context_tokens", "device_label"}
 LAYOUTS = ("groups", "grid", "depth_width")
-DRAFTERS = ("eagle_head", "draft_lm")
+DRAFTERS = ("eagle", "draft_lm")
 
 
 class ConfigError(ValueError):
@@ -278,7 +278,7 @@ def load_setting(path, quick: bool = False, check_methods: bool = True) -> Setti
     name = _str(path, "name", c["name"], allow_none=False)
     if not all(ch.isalnum() or ch in "-_." for ch in name):
         raise _err(path, "name", f"letters, digits, '-', '_', '.' only (it names a folder), got {name!r}")
-    drafter = c.get("drafter", "eagle_head")
+    drafter = c.get("drafter", "eagle")
     if drafter not in DRAFTERS:
         raise _err(path, "drafter", f"use one of {DRAFTERS}, got {drafter!r}")
     from evaluation.paper import PAPER_MODELS
@@ -378,7 +378,7 @@ def load_setting(path, quick: bool = False, check_methods: bool = True) -> Setti
         _str(path, k, c.get(k))
     if drafter == "draft_lm" and not c.get("draft_model"):
         raise _err(path, "draft_model", "required with drafter 'draft_lm'")
-    if c.get("model") != "default" and drafter == "eagle_head" and not c.get("head"):
+    if c.get("model") != "default" and drafter == "eagle" and not c.get("head"):
         raise _err(path, "head", f"required for model {c.get('model')!r} (an EAGLE-1 head hub id or folder)")
     dv = c.get("draft_vocab", "auto")
     if dv not in ("auto", "off"):
@@ -537,7 +537,7 @@ def load_for_setting(s: Setting, device: Optional[str] = None):
     from evaluation.arguments import (UsageError, check_device, check_head, check_model, check_template,
                                       load_checked_model, Config)
 
-    if s.drafter != "eagle_head":
+    if s.drafter != "eagle":
         raise ConfigError(f"{s.path}: drafter: {s.drafter!r} needs a draft-language-model drafter, which the engine "
                           f"does not have yet (dry run only)")
     try:
@@ -1138,7 +1138,7 @@ def dry_run_text(s: Setting, questions: Optional[Sequence[dict]], shard: tuple[i
     head = s.head or ("(shipped default head)" if s.model == "default" else "none")
     L.append(f"model {s.model}  head {head}  drafter {s.drafter}"
              + (f" ({s.draft_model})" if s.draft_model else ""))
-    if s.drafter != "eagle_head":
+    if s.drafter != "eagle":
         L.append("  NOT RUNNABLE YET: the draft-language-model drafter does not exist in the engine (listed for its "
                  "paper numbers)")
     pm = PAPER_MODELS.get(s.paper_model or "")
@@ -1166,7 +1166,7 @@ def dry_run_text(s: Setting, questions: Optional[Sequence[dict]], shard: tuple[i
                          if pc else (f"paper note: {note['text']}" if note else "paper: no number on record"))
                 skip = f"  SKIPPED: {b.skipped[tree]}" if tree in b.skipped else ""
                 L.append(f"  {b.table:{width}s} T={t:<4g} {tree:13s} {paper}{skip}")
-    if questions is None or s.drafter != "eagle_head":
+    if questions is None or s.drafter != "eagle":
         return "\n".join(L)
     units = plan_units(s, questions)
     est = estimate_cost(s, units, questions)
