@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 __all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
-           "load_model", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
+           "load_model", "check_drafter_options", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
            "load_checked_model", "EXPECTED_TAU", "expected_tau_on"]
 
 BASELINE = "naive"
@@ -426,13 +426,14 @@ def resolve_device(device: str = "auto", dtype: str = "auto"):
 
 
 def load_model(base_model: str = "default", head: Optional[str] = None, device: str = "auto",
-               dtype: str = "auto", drafter: str = "eagle"):
-    """Load ``EaModel.from_pretrained(base_model, head, dtype=..., device_map=..., drafter=...)`` once."""
+               dtype: str = "auto", drafter: str = "eagle", drafter_options: Optional[dict] = None):
+    """Load ``EaModel.from_pretrained(base_model, head, dtype=..., device_map=..., drafter=..., drafter_options=...)``
+    once."""
     from eagle.model.ea_model import EaModel
 
     dev, dt = resolve_device(device, dtype)
     return EaModel.from_pretrained(base_model_path=base_model, ea_model_path=head, dtype=dt, device_map=dev,
-                                   drafter=drafter)
+                                   drafter=drafter, drafter_options=drafter_options or None)
 
 
 def check_drafter(name: Optional[str], methods: list, temperature: float) -> str:
@@ -457,6 +458,48 @@ def check_drafter(name: Optional[str], methods: list, temperature: float) -> str
             raise UsageError("--drafter", f"drafter {name!r} cannot draft under {v.drafting!r}, the rule verifier "
                                           f"{v.name!r} needs")
     return name
+
+
+def check_drafter_options(items: Sequence[str], drafter: str) -> dict:
+    """``--drafter-option KEY=VALUE`` (repeatable) -> the drafter's ``for_model`` options; VALUE is read as JSON
+    when it parses (``8``, ``true``), else kept as text (``JackFram/llama-68m``). Checked against the drafter's
+    ``check_options`` when it has one, else against the names its ``for_model`` (or ``__init__``) takes.
+
+    Raises:
+        UsageError: ``--drafter-option``: not KEY=VALUE, a repeated key, or options the drafter refuses.
+    """
+    import inspect
+    import json
+
+    from eagle.drafters import get_drafter
+
+    opts: dict = {}
+    for item in items or []:
+        key, eq, raw = str(item).partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise UsageError("--drafter-option", f"use KEY=VALUE (KEY an identifier), got {item!r}")
+        if key in opts:
+            raise UsageError("--drafter-option", f"{key!r} given twice")
+        try:
+            opts[key] = json.loads(raw)
+        except ValueError:
+            opts[key] = raw
+    cls = get_drafter(drafter)
+    check = getattr(cls, "check_options", None)
+    try:
+        if check is not None:
+            check(dict(opts))
+        elif opts:
+            params = list(inspect.signature(cls.for_model).parameters.values())[1:]  # after the model
+            if any(p.kind is p.VAR_KEYWORD for p in params):  # options passed on to the constructor
+                params += list(inspect.signature(cls.__init__).parameters.values())[1:]
+            names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+            if set(opts) - names:
+                raise ValueError(f"drafter {drafter!r} takes no option(s) {sorted(set(opts) - names)}")
+    except ValueError as e:
+        raise UsageError("--drafter-option", " ".join(str(e).split())) from None
+    return opts
 
 
 #: what --quick sets (options given explicitly still win)
@@ -504,6 +547,7 @@ class Config:
     plots: bool
     draft_vocab: str = "auto"
     drafter: str = "eagle"
+    drafter_options: dict = field(default_factory=dict)
     speed_tree: str = "none"
     speed_methods: list = field(default_factory=list)
     expected_tau: str = "auto"
@@ -560,7 +604,10 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
                          "0 = torch's default")
     ap.add_argument("--drafter", default=None,
                     help="drafter: eagle (the EAGLE-1 head, default) | prompt_lookup (n-gram lookup in prompt and "
-                         "output, no head) | a plug-in's (entry-point group univer_eagle.drafters)")
+                         "output, no head) | draft_lm (a separate draft LM: --drafter-option "
+                         "model_path_or_module=JackFram/llama-68m) | a plug-in's (entry-point group univer_eagle.drafters)")
+    ap.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the drafter's for_model (VALUE read as JSON when it parses); repeatable")
     ap.add_argument("--draft-vocab", default="auto", choices=("auto", "off"),
                     help="auto: draft over the head's draft vocabulary (draft_vocab.safetensors beside the head) "
                          "when it has one; off: over the full target vocabulary (output is lossless either way)")
@@ -639,6 +686,7 @@ def check_arguments(args: argparse.Namespace) -> Config:
             raise UsageError("MODEL (first positional argument)", str(e).split(": ", 1)[1]) from None
         raise
     drafter = check_drafter(getattr(args, "drafter", None), methods + list(speed_methods), temperature)
+    drafter_options = check_drafter_options(getattr(args, "drafter_option", None), drafter)
     from eagle.drafters import get_drafter
 
     head = check_head(args.head, model) if get_drafter(drafter).needs_head or args.head else None
@@ -656,7 +704,7 @@ def check_arguments(args: argparse.Namespace) -> Config:
                   contexts_per_question=cpq, draws=draws, bootstrap=n_boot,
                   no_progress=bool(getattr(args, "no_progress", False)), plots=not getattr(args, "no_plots", False),
                   draft_vocab=getattr(args, "draft_vocab", "auto"), speed_tree=speed_tree, speed_methods=speed_methods,
-                  expected_tau=expected_tau, drafter=drafter)
+                  expected_tau=expected_tau, drafter=drafter, drafter_options=drafter_options)
 
 
 def load_checked_model(cfg: Config):
@@ -672,7 +720,8 @@ def load_checked_model(cfg: Config):
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     try:
-        model = load_model(cfg.model, cfg.head, cfg.device, cfg.dtype, drafter=cfg.drafter)
+        model = load_model(cfg.model, cfg.head, cfg.device, cfg.dtype, drafter=cfg.drafter,
+                           drafter_options=cfg.drafter_options)
     except Exception as e:  # noqa: BLE001 - hub/transformers raise many types; report one line
         flag = "--head" if type(e).__name__ == "CheckpointMismatchError" else "--model/--head"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,4 +1,5 @@
 """Drafters: the registry and the built-in drafters (``eagle``, ``prompt_lookup``).
+``draft_lm``: a separate draft language model sharing the target's tokenizer (:mod:`.draft_lm`).
 
 Adding a drafter (the example that ``tests/test_drafter_example.py`` runs)::
 
@@ -38,6 +39,7 @@ Adding a drafter (the example that ``tests/test_drafter_example.py`` runs)::
     assert torch.equal(out, model.naivegenerate(ids, temperature=0.0, max_new_tokens=20))
 """
 from ..drafting import Drafter, DraftTree, EagleTreeDrafter, draft_tree_from_choices
+from .draft_lm import DraftLMDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .registry import (ENTRY_POINT_GROUP, available_drafters, get_drafter, make_drafter, register_drafter,
                        unregister_drafter)
@@ -48,3 +50,4 @@ __all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "PromptLookupDrafter", "d
 
 register_drafter(EagleTreeDrafter)
 register_drafter(PromptLookupDrafter)
+register_drafter(DraftLMDrafter)
