@@ -287,6 +287,23 @@ class EagleTreeDrafter(Drafter):
         logits = torch.nn.functional.linear(hidden, rows, None if bias is None else bias[d2t])
         return logits.float(), d2t
 
+    def level_law(self, d: int, expand: torch.Tensor, q: torch.Tensor, d2t: torch.Tensor | None,
+                  tokens: torch.Tensor, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The law the children of one tree level are drawn from (a hook for drafters built on this one).
+
+        Args:
+            d: the level's depth; expand: LongTensor ``[e]``, its expanded nodes; q: float ``[e, K]``, the
+                head's processed draft law over the columns ``d2t`` (LongTensor ``[K]`` target tokens; None:
+                K = V, column = token); tokens: LongTensor ``[n]``, the tokens drafted so far (every node of
+                depth <= d set); plan: the static tree's :class:`~eagle.tree.TreePlan`.
+
+        Returns:
+            ``(q, d2t)``: here unchanged. An override may return other rows and columns (e.g. one more column
+            for a token outside the draft vocabulary; a column may repeat a token only with zero mass).
+            Runs on the device: it must not read tensors on the host.
+        """
+        return q, d2t
+
     @torch.no_grad()
     def consume(self, head_cache, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Append committed (token_{t+1}, feature_t) pairs to the head cache.
@@ -361,10 +378,13 @@ class EagleTreeDrafter(Drafter):
                     q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
                 else:
                     q = logits_to_probs(logits, cfg, check=False)  # checked above (or after the sync)
+                q, d2t = self.level_law(d, expand, q, d2t, tokens, plan)
                 if d2t is None:
                     draft_probs[expand] = q
-                else:  # the law over the K draft tokens, zero elsewhere
-                    draft_probs[expand[:, None], d2t[None, :]] = q
+                else:  # the law over the K draft tokens, zero elsewhere (accumulated: d2t may repeat a
+                    # token with zero mass, see level_law)
+                    draft_probs.index_put_((expand[:, None].expand(-1, d2t.shape[0]), d2t[None, :].expand(
+                        expand.shape[0], -1)), q, accumulate=True)
                 for m, rows, child_idx in level.groups:
                     kids = draw_children(q[rows], min(m, q.shape[1]), rule, generator)  # [g, min(m, K)]
                     if d2t is not None:  # draft index -> target token (-1 = not drafted stays)

@@ -1,4 +1,5 @@
-"""Drafters: the registry and the built-in drafters (``eagle``, ``prompt_lookup``).
+"""Drafters: the registry and the built-in drafters (``eagle``, ``prompt_lookup``, ``hybrid`` = the head's tree
+with a prompt-lookup chain mixed in).
 ``draft_lm``: a separate draft language model sharing the target's tokenizer (:mod:`.draft_lm`).
 
 Adding a drafter (the example that ``tests/test_drafter_example.py`` runs)::
@@ -40,14 +41,16 @@ Adding a drafter (the example that ``tests/test_drafter_example.py`` runs)::
 """
 from ..drafting import Drafter, DraftTree, EagleTreeDrafter, draft_tree_from_choices
 from .draft_lm import DraftLMDrafter
+from .hybrid import HybridDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .registry import (ENTRY_POINT_GROUP, available_drafters, get_drafter, make_drafter, register_drafter,
                        unregister_drafter)
 
-__all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "PromptLookupDrafter", "draft_tree_from_choices",
+__all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "PromptLookupDrafter", "HybridDrafter", "draft_tree_from_choices",
            "ENTRY_POINT_GROUP", "register_drafter", "unregister_drafter", "get_drafter", "available_drafters",
            "make_drafter"]
 
 register_drafter(EagleTreeDrafter)
 register_drafter(PromptLookupDrafter)
+register_drafter(HybridDrafter)
 register_drafter(DraftLMDrafter)

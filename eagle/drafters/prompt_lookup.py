@@ -114,13 +114,17 @@ class PromptLookupDrafter(Drafter):
         """The continuations the committed text proposes now (:func:`lookup_branches`)."""
         return lookup_branches(self.history, self._index, self.max_ngram, self.min_ngram, self.branches, self.depth)
 
-    def draft(self, root: int, tree, rule: str, cfg, generator: torch.Generator | None = None) -> DraftTree:
-        if rule not in DRAFTING_RULES:
-            raise ValueError(f"unknown drafting rule {rule!r}; use one of {DRAFTING_RULES}")
+    def propose(self, root: int) -> list[list[int]]:
+        """The continuations proposed after ``root`` (the last committed token, joining the text once)."""
         if not self._root_in:
             self._append([root])
             self._root_in = True
-        found = self.proposals()
+        return self.proposals()
+
+    def draft(self, root: int, tree, rule: str, cfg, generator: torch.Generator | None = None) -> DraftTree:
+        if rule not in DRAFTING_RULES:
+            raise ValueError(f"unknown drafting rule {rule!r}; use one of {DRAFTING_RULES}")
+        found = self.propose(root)
         if rule == "topk":
             choices, tokens, laws = _trie(int(root), found)
         else:

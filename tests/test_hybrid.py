@@ -1,0 +1,260 @@
+"""Hybrid drafting (drafter ``hybrid``, eagle/drafters/hybrid.py): the head's static tree with a prompt-lookup
+chain mixed in. Exact enumeration of every verifier's output law on the trees the hybrid rule draws (static
+shapes x lookups x mixture weights x target regimes), negative controls (a hybrid that breaks the rule must
+fail), and the drafter on a tiny model: temperature 0 equals greedy decoding, seeded reproducibility, the
+tree's invariants."""
+import pytest
+import torch
+
+import univer_patch  # noqa: F401  (traversal, greedy, univer)
+from eagle.drafters import HybridDrafter, available_drafters
+from eagle.drafters.hybrid import append_chain
+from eagle.drafting import DraftTree
+from eagle.rules import children_law
+from eagle.testing import tiny_ea_model
+from eagle.tree import build_tree, tree_structure
+from eagle.verify import get_verifier
+from exact_law import F64, REGIMES, TOL, Laws, law_error
+
+V = 5
+SAMPLED = ["rrsw", "traversal", "greedy", "univer"]
+SHAPES = [[[0]], [[0], [1]], [[0], [0, 0]], [[0], [1], [0, 0]], [[0], [1], [1, 0]], [[0], [1], [0, 0], [1, 0]]]
+LOOKUPS = [(2,), (2, 3), (2, 3, 1), (1, 1, 4)]
+
+
+class HybridLaws(Laws):
+    """The hybrid's draft laws on abstract laws: at a node whose token path is (l_1..l_d), d < D, with
+    children, ``(1 - w) q + w delta(l_{d+1})``; the base law elsewhere (``hide``: the verifier is told the
+    base law instead, a broken hybrid)."""
+
+    def __init__(self, regime, seed, chain, w, hide=False):
+        super().__init__(V, regime, seed)
+        self.chain, self.w, self.hide = tuple(chain), w, hide
+
+    def on_path(self, path) -> bool:
+        d = len(path) - 1
+        return d < len(self.chain) and tuple(path[1:]) == self.chain[:d]
+
+    def mixed(self, path, m):
+        q = super().draft(path, m)
+        if m == 0 or not self.on_path(path):
+            return q
+        bump = torch.zeros(V, dtype=F64)
+        bump[self.chain[len(path) - 1]] = 1.0
+        return (1 - self.w) * q + self.w * bump
+
+
+def hybrid_trees(choices, rule, laws: HybridLaws, extra_child=False):
+    """Every hybrid tree with its probability: the static shape drawn under ``rule`` from the mixed laws, then
+    the chain below the deepest lookup-path node when it is a leaf (``extra_child``: also below an inner
+    node, as one more child: a broken hybrid). Yields (parents, tokens, target, draft, prob, paths)."""
+    tb = build_tree(choices)
+    n = tb.num_nodes
+    children = tb.children
+    inner = [v for v in range(n) if children[v]]
+
+    def rec(k, tokens, paths, prob):
+        if k == len(inner):
+            yield list(tokens), list(paths), prob
+            return
+        v = inner[k]
+        m = len(children[v])
+        for tup, p in children_law(laws.mixed(paths[v], m), m, rule):
+            assert len(tup) == m
+            for c, t in zip(children[v], tup):
+                tokens[c], paths[c] = t, paths[v] + (t,)
+            yield from rec(k + 1, tokens, paths, prob * p)
+
+    for tokens, paths, prob in rec(0, [0] * n, [(0,)] + [()] * (n - 1), 1.0):
+        par = list(tb.parents.tolist())
+        kids = [list(c) for c in children]
+        v, d = 0, 0
+        while d < len(laws.chain):
+            nxt = [c for c in kids[v] if tokens[c] == laws.chain[d]]
+            if not nxt:
+                break
+            v, d = nxt[0], d + 1
+        rows = {i: (laws.draft(paths[i], len(kids[i])) if laws.hide else laws.mixed(paths[i], len(kids[i])))
+                for i in range(n)}
+        if d < len(laws.chain) and (not kids[v] or extra_child):
+            for t in laws.chain[d:]:
+                if kids[v]:  # the broken variant: one more child, its parent's law unchanged
+                    pass
+                else:
+                    rows[v] = torch.nn.functional.one_hot(torch.tensor(t), V).to(F64)
+                par.append(v)
+                tokens.append(t)
+                paths.append(paths[v] + (t,))
+                kids.append([])
+                kids[v].append(len(par) - 1)
+                v = len(par) - 1
+                rows[v] = torch.full((V,), 1.0 / V, dtype=F64)  # a leaf's row (unused)
+        N = len(par)
+        target = torch.stack([laws(paths[i], "target") for i in range(N)])
+        draft = torch.stack([rows[i] for i in range(N)])
+        yield torch.tensor(par), torch.tensor(tokens), target, draft, prob, paths
+
+
+def hybrid_law_error(method, choices, laws, **kw):
+    v = get_verifier(method)
+    L, depth, total = {}, 0, 0.0
+    for parents, tokens, target, draft, prob, paths in hybrid_trees(choices, v.drafting, laws, **kw):
+        out = v.outcome_probs(parents, tokens, target, draft, validate=True)
+        assert abs(float(out.sum()) - 1.0) < 1e-9
+        depth = max(depth, max(len(p) for p in paths) - 1)
+        total += prob
+        for i, row in enumerate(out.tolist()):
+            for y, w in enumerate(row):
+                if w > 0:
+                    key = paths[i][1:] + (y,)
+                    L[key] = L.get(key, 0.0) + prob * w
+    assert abs(total - 1.0) < 1e-9
+    return law_error(L, lambda path: laws(path, "target"), V, depth)
+
+
+def _check_lossless(method, weights, every_lookup=True):
+    for i, choices in enumerate(SHAPES):
+        for j, chain in enumerate(LOOKUPS):
+            if not every_lookup and j not in (i % 4, (i + 2) % 4):
+                continue
+            for w in weights(i, j):
+                regime = REGIMES[(i + j) % len(REGIMES)]
+                cls = OneHotHybridLaws if method == "argmax" else HybridLaws  # temperature 0: one-hot targets
+                err = hybrid_law_error(method, choices, cls(regime, i + 7 * j, chain, w))
+                assert err < TOL, f"{method} not lossless on hybrid {choices} lookup {chain} w {w} ({regime}): {err:.3g}"
+
+
+@pytest.mark.parametrize("method", SAMPLED + ["argmax"])
+def test_hybrid_lossless_by_enumeration(method):
+    """Every verifier: the emitted text's law equals the target's on every hybrid tree law (6 static shapes x
+    2 of the 4 lookups each, lookup weight 0.5 or 0.8 alternating, the four target regimes rotating; every
+    lookup and weight: the slow test below)."""
+    _check_lossless(method, lambda i, j: (0.5,) if (i // 2 + j) % 2 == 0 else (0.8,), every_lookup=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", SAMPLED + ["argmax"])
+def test_hybrid_lossless_by_enumeration_both_weights(method):
+    """Every setting with lookup weights 0.3 (the looked-up token need not rank first), 0.5 and 0.8."""
+    _check_lossless(method, lambda i, j: (0.3, 0.5, 0.8))
+
+
+class OneHotHybridLaws(HybridLaws):
+    def __call__(self, path, kind):
+        p = super().__call__(path, kind)
+        if kind == "target":
+            return torch.nn.functional.one_hot(torch.argmax(p), V).to(F64)
+        return p
+
+
+def _worst_error(method, hide=False, extra_child=False) -> float:
+    """The largest law error over the settings, stopping at the first one above 1e-3."""
+    worst = 0.0
+    for i, choices in enumerate(SHAPES):
+        for j, chain in enumerate(LOOKUPS[:3]):
+            for regime in REGIMES:
+                laws = HybridLaws(regime, i + 7 * j, chain, 0.5, hide=hide)
+                worst = max(worst, hybrid_law_error(method, choices, laws, extra_child=extra_child))
+                if worst > 1e-3:
+                    return worst
+    return worst
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+def test_broken_hybrid_hiding_the_mixture_fails(method):
+    """Negative control: children drawn from the mixture, the verifier told the head's law: not lossless (or
+    refused by the verifier's input check: its children are not its law's top tokens)."""
+    try:
+        assert _worst_error(method, hide=True) > 1e-3
+    except ValueError as e:
+        assert "most probable tokens" in str(e)
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+def test_broken_hybrid_extra_child_fails(method):
+    """Negative control: the chain added as one more child of an inner node (more children than the rule
+    drew): not lossless (or refused by the verifier's input check)."""
+    try:
+        assert _worst_error(method, extra_child=True) > 1e-3
+    except ValueError as e:
+        assert "most probable tokens" in str(e)
+
+
+# ---- the drafter on a tiny model -------------------------------------------------------------------------
+
+PROMPT = torch.tensor([[1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_ea_model(vocab_size=32, seed=0)
+
+
+def test_registered():
+    assert "hybrid" in available_drafters()
+
+
+@pytest.mark.parametrize("tree", [None, [[0]], [[0], [1], [0, 0]], [[0], [1], [2], [0, 0], [1, 0]]])
+def test_temperature0_equals_greedy(model, tree):
+    out = model.eagenerate(PROMPT, temperature=0.0, max_new_tokens=40, drafter="hybrid", tree_choices=tree)
+    assert torch.equal(out, model.naivegenerate(PROMPT, temperature=0.0, max_new_tokens=40))
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+def test_seeded_reproducible(model, method):
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        outs.append(model.eagenerate(PROMPT, temperature=1.0, max_new_tokens=24, drafter="hybrid", verifier=method,
+                                     tree_choices=[[0], [1], [0, 0]]))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_tree_invariants(model):
+    """The drafted tree: the lookup token first at the root (w = 0.5 makes it the mode), mixture mass >= w on
+    it, the chain's rows point masses, the chain below a leaf only."""
+    from eagle.model.kv_cache import new_cache
+    from eagle.sampling import SamplingConfig
+    d = HybridDrafter.for_model(model, depth=4)
+    ids = PROMPT
+    cache = new_cache(model.base_model.config)
+    with torch.no_grad():
+        feats, _ = model.target_forward(ids, torch.arange(ids.shape[1])[None], cache)
+    d.start(ids, feats)
+    draft = d.draft(7, build_tree([[0], [1]]), "topk_residual", SamplingConfig(1.0),
+                    torch.Generator().manual_seed(0))
+    chain = d.lookup.proposals()[0]
+    assert draft.tokens_list[1] == chain[0]
+    assert float(draft.draft_probs[0, chain[0]]) >= 0.5
+    assert draft.num_nodes == 3 + len(chain) - 1
+    for i in range(3, draft.num_nodes - 1):
+        assert float(draft.draft_probs[i].max()) == 1.0
+
+
+def test_bad_options(model):
+    with pytest.raises(ValueError, match="lookup_weight"):
+        HybridDrafter.for_model(model, lookup_weight=0.0)
+    with pytest.raises(ValueError, match="depth"):
+        HybridDrafter.for_model(model, depth=0)
+
+
+def test_append_chain_below_leaf_only():
+    """append_chain on a hand-made tree: below a leaf on the path, nothing below an inner node."""
+    par = [-1, 0, 0, 1]
+    tok = [9, 2, 4, 5]
+    s = tree_structure(tuple(par))
+    anc = torch.zeros(4, 4, dtype=torch.bool)
+    for i in range(4):
+        j = i
+        while j >= 0:
+            anc[i, j] = True
+            j = par[j]
+    base = DraftTree(parents=torch.tensor(par), tokens=torch.tensor(tok), depth=torch.tensor([0, 1, 1, 2]),
+                     draft_probs=torch.zeros(4, 10), ancestor=anc, parents_list=par, tokens_list=tok, structure=s)
+    out = append_chain(base, [2, 5, 7, 8])  # path 2 -> 5 is in the tree; 5 is a leaf: 7, 8 hang below it
+    assert out.parents_list == [-1, 0, 0, 1, 3, 4] and out.tokens_list == tok + [7, 8]
+    assert out.depth.tolist() == [0, 1, 1, 2, 3, 4]
+    assert out.draft_probs[3, 7] == 1.0 and out.draft_probs[4, 8] == 1.0
+    assert out.ancestor[5].tolist() == [True, True, False, True, True, True]
+    assert append_chain(base, [2, 6]) is base  # 2 is inner and has no child 6: nothing added
+    assert append_chain(base, [3]) is base  # the root is inner
