@@ -28,8 +28,9 @@ from .model.kv_cache import cache_length, new_cache, truncate_cache
 from .model.packed_linear import packed_rows
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TreeBuffers, TreeStructure, additive_mask, tree_structure
-from .tree.buffers import _plan
-from .rules import DRAFTING_RULES, draw_children
+from .tree.buffers import _plan, build_tree
+from .tree.dynamic import DynamicTree, check_dynamic_tree, expand_dynamic, finish_dynamic
+from .rules import DRAFTING_RULES, draw_children, stable_topk
 
 __all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "draft_tree_from_choices"]
 
@@ -217,6 +218,8 @@ class EagleTreeDrafter(Drafter):
     name = "eagle"
     needs_head = True
     needs_features = True
+    #: drafts EAGLE-2 dynamic trees (:mod:`eagle.tree.dynamic`; read on this class only, not inherited)
+    dynamic_trees = True
 
     def __init__(self, head, lm_head):
         self.head = head
@@ -255,7 +258,8 @@ class EagleTreeDrafter(Drafter):
 
     def draft(self, root: int, tree: TreeBuffers, rule: str, cfg: SamplingConfig,
               generator: torch.Generator | None = None) -> DraftTree:
-        """Consume the pending committed pairs (the root's included), then :meth:`expand` ``tree``."""
+        """Consume the pending committed pairs (the root's included), then :meth:`expand` ``tree`` (a
+        :class:`~eagle.tree.dynamic.DynamicTree`: :meth:`expand_dynamic`)."""
         tokens, feats, has_root = self._pending
         if tokens is not None:
             if not has_root:
@@ -264,6 +268,8 @@ class EagleTreeDrafter(Drafter):
             self._pending = (None, None, False)
         if self._root_hidden is None:
             raise ValueError("drafter 'eagle': draft before start")
+        if isinstance(tree, DynamicTree):
+            return self.expand_dynamic(self.head_cache, root, self._root_hidden, tree, rule, cfg, generator)
         return self.expand(self.head_cache, root, self._root_hidden, tree, rule, cfg, generator)
 
     def _draft_logits(self, hidden: torch.Tensor):
@@ -417,3 +423,62 @@ class EagleTreeDrafter(Drafter):
                          ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
                          tokens_list=[tok[v] for v in keep], nodes=keep_t,
                          structure=tree_structure(tuple(parents_list)))
+
+    @torch.no_grad()
+    def expand_dynamic(self, head_cache, root_token: int, root_hidden: torch.Tensor, tree: DynamicTree, rule: str,
+                       cfg: SamplingConfig, generator: torch.Generator | None = None) -> DraftTree:
+        """Draft an EAGLE-2 dynamic tree (:mod:`eagle.tree.dynamic`) below ``root_token``.
+
+        The head runs once per depth 2..``tree.depth`` on the ``top_k`` frontier nodes (batched, under the
+        tree mask of :func:`~eagle.tree.additive_mask`, at position ``C - 1 + d`` as in :meth:`expand`), the
+        selection stays on the device, and ONE host read returns the tree with the draft logits' finiteness
+        flag. ``rule="topk"``: that tree is the draft. ``rule="topk_residual"``: its shape (rank paths, a
+        deterministic function of the context) is drafted by :meth:`expand` as a static tree (the last kept
+        child of a node becomes the residual draw; one more pass per level and one more read). The cache is
+        restored to C positions.
+
+        Args:
+            root_token, root_hidden, cfg, generator: as :meth:`expand`; tree: the dynamic tree spec;
+            rule: "topk" or "topk_residual".
+
+        Returns:
+            :class:`DraftTree` (``nodes`` None).
+
+        Raises:
+            ValueError: rule "wor" (one line naming the drafter, the tree and the rule), NaN or inf draft logits.
+        """
+        check_dynamic_tree(tree, self, rule)
+        committed = cache_length(head_cache)
+        mask_dtype = self.head.fc.weight.dtype
+        extremes = []  # (min, max) of every pass's logits, read with the one sync
+        hidden_rows = [root_hidden[None]]  # [1, H] per law row: the root, then each frontier
+
+        def law(hidden):
+            logits, d2t = self._draft_logits(hidden)  # [w, K]
+            extremes.append(torch.stack(torch.aminmax(logits)))
+            logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+            q = torch.softmax(logits, dim=-1) if cfg.greedy else logits_to_probs(logits, cfg, check=False)
+            return q, d2t
+
+        def laws_of(front):
+            hid = torch.cat(hidden_rows)
+            out = self.head(front.tokens[None], hid[front.parent_rows][None],
+                            position_ids=torch.full_like(front.tokens, committed - 1 + front.depth)[None],
+                            attention_mask=additive_mask(front.visible, committed, mask_dtype), cache=head_cache)
+            hidden_rows.append(out[0])
+            return law(out[0])[0]
+
+        root_q, d2t = law(root_hidden[None])
+        try:
+            ex = expand_dynamic(tree, root_q[0], laws_of, stable_topk, token_map=d2t)
+        finally:
+            truncate_cache(head_cache, committed)
+        finite = torch.isfinite(torch.stack(extremes)).all()
+        res = finish_dynamic(ex, root_token, self.lm_head.weight.shape[0], extra=finite[None], max_depth=tree.depth)
+        if not res.extra[0]:
+            raise ValueError("draft logits (head output) contain NaN or inf")
+        if rule == "topk_residual":
+            return self.expand(head_cache, root_token, root_hidden, build_tree(res.choices), rule, cfg, generator)
+        return DraftTree(parents=res.parents, tokens=res.tokens, depth=res.depth, draft_probs=res.draft_probs.float(),
+                         ancestor=res.ancestor, parents_list=res.parents_list, tokens_list=res.tokens_list,
+                         nodes=None, structure=res.structure)

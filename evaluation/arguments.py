@@ -23,7 +23,7 @@ __all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "defa
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "check_drafter_options", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
-           "load_checked_model", "EXPECTED_TAU", "expected_tau_on"]
+           "load_checked_model", "EXPECTED_TAU", "expected_tau_on", "check_dynamic_trees"]
 
 BASELINE = "naive"
 #: display order of the paper's methods (other registered verifiers follow, sorted by name)
@@ -117,7 +117,10 @@ def coincidence_note(choices, temperature: float, methods: Sequence[str]) -> Opt
         return ("At temperature 0 every verifier runs the same greedy match (argmax): the rows coincide up to "
                 "timing noise.")
     from eagle.tree import build_tree
+    from eagle.tree.dynamic import is_dynamic_tree
 
+    if is_dynamic_tree(choices):  # its shape changes every cycle
+        return None
     if all(len(kids) <= 1 for kids in build_tree(choices).children):
         pairs = [f"{a} = {b}" for a, b in (("greedy", "rrsw"), ("univer", "traversal")) if a in present and b in present]
         if pairs:
@@ -137,6 +140,14 @@ def check_tree(tree: str, flag: str = "--tree") -> str:
         if flag == "--speed-tree":
             return tree
         raise UsageError(flag, "'none' is only a --speed-tree value")
+    from eagle.tree.dynamic import is_dynamic_tree, parse_dynamic_tree
+
+    if is_dynamic_tree(tree):  # EAGLE-2 dynamic tree (eagle.tree.dynamic)
+        try:
+            parse_dynamic_tree(tree)
+        except ValueError as e:
+            raise UsageError(flag, str(e)) from None
+        return tree
     if tree == "auto":
         import importlib.util
 
@@ -151,6 +162,40 @@ def check_tree(tree: str, flag: str = "--tree") -> str:
         msg = str(e).replace(" or 'chainD'", ", 'chainD' or 'auto' (fitted to this machine and head)")
         raise UsageError(flag, msg + (" or 'none'" if flag == "--speed-tree" else "")) from None
     return tree
+
+
+def check_dynamic_trees(trees: Sequence[tuple], drafter: str, temperature: float, contexts_per_question: int) -> None:
+    """A dynamic tree (``eagle2...``) only with a drafter that drafts one and verifiers whose drafting rule keeps
+    it lossless (temperature 0, greedy, univer; not rrsw / traversal), and not under exact tau (static trees only).
+
+    Args:
+        trees: ``[(flag, tree, methods), ...]``, e.g. ``("--tree", tree, methods)``.
+
+    Raises:
+        UsageError: the tree's flag.
+    """
+    from eagle.drafters import get_drafter
+    from eagle.tree.dynamic import check_dynamic_tree, is_dynamic_tree, parse_dynamic_tree
+    from eagle.verify.registry import select_verifier
+
+    if not getattr(get_drafter(drafter), "uses_tree", True):
+        return  # a drafter that picks its own shapes ignores the tree
+    for flag, tree, methods in trees:
+        if not is_dynamic_tree(tree):
+            continue
+        dyn = parse_dynamic_tree(tree)
+        for m in methods:
+            if m == BASELINE:
+                continue
+            v = select_verifier(m, temperature)
+            try:
+                check_dynamic_tree(dyn, get_drafter(drafter), v.drafting, v.name)
+            except ValueError as e:
+                raise UsageError(flag, str(e)) from None
+        if flag == "--tree" and contexts_per_question > 0:
+            raise UsageError(flag, f"exact expected tau (--contexts-per-question) is computed on static trees only; "
+                                   f"add --contexts-per-question 0 to run the dynamic tree {tree!r} (or give it as "
+                                   f"--speed-tree)")
 
 
 def method_names(temperature: float) -> list[str]:
@@ -573,6 +618,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--top-k", default=0)
     ap.add_argument("--tree", default=None,
                     help="tree the verifiers are compared on: mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD | auto "
+                         "| eagle2[:nodes=N,depth=D,topk=K] (EAGLE-2 dynamic tree; greedy/univer or temperature 0) "
                          "(default: 2x5, the paper's)")
     ap.add_argument("--speed-tree", default=None,
                     help="a second tree for the speed table, sharing plain decoding: auto (fitted to this machine and "
@@ -689,6 +735,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
     drafter_options = check_drafter_options(getattr(args, "drafter_option", None), drafter)
     from eagle.drafters import get_drafter
 
+    check_dynamic_trees([("--tree", tree, methods), ("--speed-tree", speed_tree, speed_methods)], drafter,
+                        temperature, cpq)
     head = check_head(args.head, model) if get_drafter(drafter).needs_head or args.head else None
     template = check_template(args.template, model)
     questions = check_question_file(args.question_file, args.categories, per_cat,

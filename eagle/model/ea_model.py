@@ -32,6 +32,7 @@ from ..drafting import Drafter
 from ..sampling import SamplingConfig, check_logits, greedy_token, logits_to_probs, sample_from
 from ..tree import additive_mask, build_tree
 from ..tree.choices import MC_SIM_7B_63
+from ..tree.dynamic import DynamicTree, build_any_tree, check_dynamic_tree
 from ..rules import DRAFTING_RULES
 from ..verify.registry import get_verifier, select_verifier
 from .device import module_device, target_placement
@@ -419,7 +420,9 @@ class EaModel(nn.Module):
         tree = None
         if d.uses_tree:
             spec = tree_choices if tree_choices is not None else self.tree_choices
-            tree = build_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
+            tree = build_any_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
+            if isinstance(tree, DynamicTree):  # EAGLE-2 dynamic tree: the drafter and the rule must allow it
+                check_dynamic_tree(tree, d, v.drafting, v.name)
         return cfg, v, tree, d
 
     def resolve_tree(self, spec, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
@@ -472,7 +475,9 @@ class EaModel(nn.Module):
                 contract (token-for-token equal to :meth:`naivegenerate` in float32; in float16 /
                 bfloat16 near-ties may split).
             max_new_tokens: hard cap on generated tokens.
-            tree_choices: static tree (choices list or a name like ``"2x5"``); default the model's.
+            tree_choices: static tree (choices list or a name like ``"2x5"``) or an EAGLE-2 dynamic tree
+                (``"eagle2"``, ``"eagle2:nodes=24,depth=5,topk=8"``, see :mod:`eagle.tree.dynamic`: drafters that
+                declare ``dynamic_trees``, verifiers drafting ``topk`` / ``topk_residual``); default the model's.
             verifier: registry name (``"rrsw"``, ``"traversal"``, ``"greedy"``, ``"univer"``);
                 default the model's (see :meth:`set_verifier`). Ignored at temperature 0 (it must
                 still be a known name).
@@ -632,8 +637,10 @@ class EaModel(nn.Module):
                              f"{list(d.drafting_rules)})")
         tree = None
         if d.uses_tree:
-            tree = build_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
-                                                cfg.temperature, cfg.top_p, cfg.top_k))
+            tree = build_any_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
+                                                    cfg.temperature, cfg.top_p, cfg.top_k))
+            if isinstance(tree, DynamicTree):
+                check_dynamic_tree(tree, d, drafting)
         input_ids = self._prepare(input_ids, 1)
         if input_ids.shape[1] < 2:
             raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")
