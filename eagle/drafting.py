@@ -96,6 +96,10 @@ class Drafter:
             still run drafters that need none.
         needs_features: wants the target's last hidden states (after the final norm, ``[1, k, H]``) in
             :meth:`start` and :meth:`accept`; otherwise ``None`` is passed.
+        feature_layers: with ``needs_features``, other target hidden states instead of the last one: indices
+            into transformers' ``hidden_states`` (0 = the embeddings, i = the output of decoder layer i - 1),
+            passed concatenated in this order (``[1, k, len * H]``); None = the last hidden state (may be set
+            per instance, e.g. from the target's layer count).
         uses_tree: drafts the caller's static tree shape (``tree``); False: the drafter chooses its own shape
             (the caller's tree is then not built, ``tree`` is None).
         drafting_rules: the drafting rules (:data:`eagle.rules.DRAFTING_RULES`) it can draft under losslessly;
@@ -105,6 +109,7 @@ class Drafter:
     name: str = ""
     needs_head: bool = False
     needs_features: bool = False
+    feature_layers: tuple | None = None
     uses_tree: bool = True
     drafting_rules: tuple = DRAFTING_RULES
 

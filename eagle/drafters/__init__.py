@@ -1,6 +1,7 @@
 """Drafters: the registry and the built-in drafters (``eagle``, ``prompt_lookup``, ``hybrid`` = the head's tree
 with a prompt-lookup chain mixed in).
 ``draft_lm``: a separate draft language model sharing the target's tokenizer (:mod:`.draft_lm`).
+``eagle3``: a public EAGLE-3 head (fused target layers, draft vocabulary), ``drafter_options={"path": folder}`` (:mod:`.eagle3`).
 
 Adding a drafter (the example that ``tests/test_drafter_example.py`` runs)::
 
@@ -43,6 +44,7 @@ from ..drafting import Drafter, DraftTree, EagleTreeDrafter, draft_tree_from_cho
 from .draft_lm import DraftLMDrafter
 from .hybrid import HybridDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .eagle3 import Eagle3Drafter
 from .registry import (ENTRY_POINT_GROUP, available_drafters, get_drafter, make_drafter, register_drafter,
                        unregister_drafter)
 
@@ -52,5 +54,6 @@ __all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "PromptLookupDrafter", "H
 
 register_drafter(EagleTreeDrafter)
 register_drafter(PromptLookupDrafter)
+register_drafter(Eagle3Drafter)
 register_drafter(HybridDrafter)
 register_drafter(DraftLMDrafter)

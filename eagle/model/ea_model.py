@@ -36,6 +36,7 @@ from ..tree.dynamic import DynamicTree, build_any_tree, check_dynamic_tree
 from ..rules import DRAFTING_RULES
 from ..verify.registry import get_verifier, select_verifier
 from .device import module_device, target_placement
+from .eagle3_head import check_feature_layers
 from .head import CheckpointMismatchError, EagleHead
 from .kv_cache import cache_kwargs, cache_length, keep_positions, new_cache
 
@@ -286,29 +287,46 @@ class EaModel(nn.Module):
 
     @torch.no_grad()
     def target_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache,
-                       attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       attention_mask: torch.Tensor | None = None,
+                       feature_layers: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Target forward on top of ``cache``.
 
         Args:
             input_ids, position_ids: LongTensor ``[1, n]``.
             cache: the target's ``DynamicCache`` (extended in place by n positions).
             attention_mask: None (causal) or a 4D additive float mask ``[1, 1, n, past + n]``.
+            feature_layers: None, or indices into transformers' ``hidden_states`` (a drafter's
+                :attr:`~eagle.drafting.Drafter.feature_layers`): the features are then those hidden states
+                concatenated in this order, ``[1, n, len * H]`` (``output_hidden_states=True``).
 
         Returns:
             ``(features [1, n, H], logits [1, n, V])``, both on :attr:`device` (the lm_head's); features
-            are the last hidden states after the final norm. The inputs go to the device of the target's
-            input embedding (a sharded target moves activations between its layers itself).
+            are the last hidden states after the final norm (or the ``feature_layers``). The inputs go to the
+            device of the target's input embedding (a sharded target moves activations between its layers itself).
+
+        Raises:
+            ValueError: a ``feature_layers`` entry that is not an index of ``hidden_states``.
         """
         body = self._body()
         inp = module_device(self.base_model.get_input_embeddings())
         if attention_mask is not None:
             attention_mask = attention_mask.to(inp)
+        extra = {}
+        if feature_layers is not None:  # checked before the forward: indices 0..num_hidden_layers
+            cfg = self.base_model.config
+            cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+            check_feature_layers(feature_layers, getattr(cfg, "num_hidden_layers", None))
+            extra["output_hidden_states"] = True
         out = body(input_ids=input_ids.to(inp), position_ids=position_ids.to(inp), attention_mask=attention_mask,
-                   use_cache=True, **cache_kwargs(body, cache))
+                   use_cache=True, **extra, **cache_kwargs(body, cache))
         hidden = out.last_hidden_state.to(self.device)
         if self.float32_logits and hidden.dtype != torch.float32:
-            return hidden, self._float32_lm_head(hidden)
-        return hidden, self.lm_head(hidden)
+            logits = self._float32_lm_head(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        if feature_layers is not None:
+            hidden = torch.cat([out.hidden_states[i].to(self.device) for i in feature_layers], dim=-1)
+        return hidden, logits
 
     def _float32_lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``hidden.float() @ W.float()^T (+ b)`` with a cached float32 copy of the lm_head weight
@@ -453,7 +471,7 @@ class EaModel(nn.Module):
         prefix = cache_length(cache)
         mask = additive_mask(draft.ancestor, prefix, self._mask_dtype())
         tfeats, tlogits = self.target_forward(draft.tokens[None], (prefix + draft.depth)[None], cache,
-                                              attention_mask=mask)
+                                              attention_mask=mask, feature_layers=_feature_layers(drafter))
         timer.lap("target_forward")
         tlogits = tlogits[0]
         check_logits(tlogits, "target logits")  # host sync (NaN/inf must not reach the verifier)
@@ -528,7 +546,8 @@ class EaModel(nn.Module):
         # prefill: target over the prompt, first token from its last position
         cache = new_cache(self.base_model.config)
         n = input_ids.shape[1]
-        feats, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache)
+        feats, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache,
+                                            feature_layers=_feature_layers(drafter))
         timer.lap("target_forward")
         drafter.start(input_ids, feats if drafter.needs_features else None)
         timer.lap("draft")
@@ -647,7 +666,8 @@ class EaModel(nn.Module):
         dev = self.device
         cache = new_cache(self.base_model.config)
         n = input_ids.shape[1]
-        feats, _ = self.target_forward(input_ids[:, :-1], torch.arange(n - 1, device=dev)[None], cache)
+        feats, _ = self.target_forward(input_ids[:, :-1], torch.arange(n - 1, device=dev)[None], cache,
+                                       feature_layers=_feature_layers(d))
         d.start(input_ids[:, :-1], feats if d.needs_features else None)
         draft, _, _, _, target_probs = self._score_tree(d, cache, int(input_ids[0, -1]), tree, drafting, cfg,
                                                         generator)
@@ -807,6 +827,11 @@ def _next_token(logits: torch.Tensor, cfg: SamplingConfig, gen) -> int:
         check_logits(logits, "target logits")
         return int(greedy_token(logits))
     return int(sample_from(logits_to_probs(logits, cfg), gen))
+
+
+def _feature_layers(drafter):
+    """The target hidden states a drafter declared (None: the last one, or none needed)."""
+    return getattr(drafter, "feature_layers", None) if drafter.needs_features else None
 
 
 def _sync(device, others=()) -> None:
