@@ -403,7 +403,7 @@ def _main(argv, model=None, prompt_format=None) -> dict:
 
         model, prompt_format = load_checked_model(SimpleNamespace(
             model=s["model"], head=s["head"], device=s["device"], dtype=s["dtype"], threads=s["threads"],
-            drafter="eagle", draft_vocab="auto", template=None))
+            drafter="eagle", drafter_options={}, draft_vocab="auto", template=None))
     contenders = contenders_for(s["ours"], s["temperature"])
     t0 = time.perf_counter()
     res = run(model, s["questions"], contenders, temperature=s["temperature"], max_new_tokens=s["max_new_tokens"],
