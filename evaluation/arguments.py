@@ -164,9 +164,10 @@ def check_tree(tree: str, flag: str = "--tree") -> str:
     return tree
 
 
-def check_dynamic_trees(trees: Sequence[tuple], drafter: str, temperature: float, contexts_per_question: int) -> None:
+def check_dynamic_trees(trees: Sequence[tuple], drafter: str, temperature: float) -> None:
     """A dynamic tree (``eagle2...``) only with a drafter that drafts one and verifiers whose drafting rule keeps
-    it lossless (temperature 0, greedy, univer; not rrsw / traversal), and not under exact tau (static trees only).
+    it lossless (temperature 0, greedy, univer; not rrsw / traversal). Exact tau runs on it as on a static tree
+    (:func:`evaluation.exact_tau.tree_laws_shared` builds either kind).
 
     Args:
         trees: ``[(flag, tree, methods), ...]``, e.g. ``("--tree", tree, methods)``.
@@ -192,10 +193,6 @@ def check_dynamic_trees(trees: Sequence[tuple], drafter: str, temperature: float
                 check_dynamic_tree(dyn, get_drafter(drafter), v.drafting, v.name)
             except ValueError as e:
                 raise UsageError(flag, str(e)) from None
-        if flag == "--tree" and contexts_per_question > 0:
-            raise UsageError(flag, f"exact expected tau (--contexts-per-question) is computed on static trees only; "
-                                   f"add --contexts-per-question 0 to run the dynamic tree {tree!r} (or give it as "
-                                   f"--speed-tree)")
 
 
 def method_names(temperature: float) -> list[str]:
@@ -736,7 +733,7 @@ def check_arguments(args: argparse.Namespace) -> Config:
     from eagle.drafters import get_drafter
 
     check_dynamic_trees([("--tree", tree, methods), ("--speed-tree", speed_tree, speed_methods)], drafter,
-                        temperature, cpq)
+                        temperature)
     head = check_head(args.head, model) if get_drafter(drafter).needs_head or args.head else None
     template = check_template(args.template, model)
     questions = check_question_file(args.question_file, args.categories, per_cat,

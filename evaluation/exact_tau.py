@@ -186,20 +186,30 @@ def tree_laws_shared(model, input_ids, specs: Sequence[tuple], *, temperature: f
             yield model.tree_laws(input_ids, tree_choices=tree, drafting=rule, temperature=temperature, top_p=top_p,
                                   top_k=top_k, generator=g)
         return
+    from eagle.tree.dynamic import DynamicTree, build_any_tree, check_dynamic_tree
+
     cfg = E._sampling_config(temperature, top_p, top_k)
+    drafter = model.drafter
+    built = []   # every tree (static buffers or an EAGLE-2 dynamic spec) checked before any forward
+    for tree, rule, _ in specs:
+        t = build_any_tree(model.resolve_tree(tree, cfg.temperature, cfg.top_p, cfg.top_k))
+        if isinstance(t, DynamicTree):   # the drafter and the rule must allow it (as tree_laws checks)
+            check_dynamic_tree(t, drafter, rule)
+        built.append(t)
     ids = model._prepare(input_ids, 1)                                       # [1, L]
     n = ids.shape[1]
     if n < 2:
         raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")
     cache = E.new_cache(model.base_model.config)
+    layers = getattr(E, "_feature_layers", lambda d: None)(drafter)   # EAGLE-3: the fused target layers
     with torch.no_grad():   # never held across a yield (grad mode is per thread)
-        feats, _ = model.target_forward(ids[:, :-1], torch.arange(n - 1, device=model.device)[None], cache)
-    for tree, rule, g in specs:
-        built = E.build_tree(model.resolve_tree(tree, cfg.temperature, cfg.top_p, cfg.top_k))
-        drafter = model.drafter
+        feats, _ = model.target_forward(ids[:, :-1], torch.arange(n - 1, device=model.device)[None], cache,
+                                        feature_layers=layers)
+    for (tree, rule, g), built_tree in zip(specs, built):
         with torch.no_grad():
             drafter.start(ids[:, :-1], feats if drafter.needs_features else None)
-            draft, _, _, _, target_probs = model._score_tree(drafter, cache, int(ids[0, -1]), built, rule, cfg, g)
+            draft, _, _, _, target_probs = model._score_tree(drafter, cache, int(ids[0, -1]), built_tree, rule,
+                                                             cfg, g)
             truncate_cache(cache, n - 1)
         yield E.TreeLaws(parents=draft.parents, tokens=draft.tokens, depth=draft.depth, target_probs=target_probs,
                          draft_probs=draft.draft_probs)

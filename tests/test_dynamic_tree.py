@@ -535,14 +535,14 @@ def test_harness_accepts_and_refuses_dynamic_trees():
     with pytest.raises(A.UsageError) as e:
         A.check_tree("eagle2:nodes=0")
     assert str(e.value).startswith("--tree:") and "\n" not in str(e.value)
-    A.check_dynamic_trees([("--tree", "eagle2", ["naive", "greedy", "univer"])], "eagle", 1.0, 0)
-    A.check_dynamic_trees([("--tree", "eagle2", ["rrsw", "traversal"])], "eagle", 0.0, 0)  # argmax
-    A.check_dynamic_trees([("--tree", "2x5", ["rrsw"])], "eagle", 1.0, 8)  # static: untouched
-    A.check_dynamic_trees([("--speed-tree", "eagle2", ["univer"])], "eagle", 1.0, 8)
-    for trees, cpq, flag, words in (([("--tree", "eagle2", ["univer", "rrsw"])], 0, "--tree", "'rrsw'"),
-                                    ([("--speed-tree", "eagle2", ["traversal"])], 0, "--speed-tree", "'traversal'"),
-                                    ([("--tree", "eagle2", ["univer"])], 8, "--tree", "contexts-per-question")):
+    A.check_dynamic_trees([("--tree", "eagle2", ["naive", "greedy", "univer"])], "eagle", 1.0)
+    A.check_dynamic_trees([("--tree", "eagle2", ["rrsw", "traversal"])], "eagle", 0.0)  # argmax
+    A.check_dynamic_trees([("--tree", "2x5", ["rrsw"])], "eagle", 1.0)  # static: untouched
+    A.check_dynamic_trees([("--speed-tree", "eagle2", ["univer"])], "eagle", 1.0)
+    for trees, flag, words in (([("--tree", "eagle2", ["univer", "rrsw"])], "--tree", "'rrsw'"),
+                               ([("--speed-tree", "eagle2", ["traversal"])], "--speed-tree", "'traversal'"),
+                               ([("--tree", "eagle2", ["univer"])], "--tree", "'hybrid'")):
         with pytest.raises(A.UsageError) as e:
-            A.check_dynamic_trees(trees, "eagle", 1.0, cpq)
+            A.check_dynamic_trees(trees, "hybrid" if "'hybrid'" in words else "eagle", 1.0)
         assert str(e.value).startswith(flag + ":") and words in str(e.value) and "\n" not in str(e.value)
     assert A.coincidence_note("eagle2", 1.0, ["greedy", "univer"]) is None

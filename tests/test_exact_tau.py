@@ -183,3 +183,82 @@ def test_cli_generates_its_reference_and_writes_tables(tiny, tmp_path, monkeypat
     assert "| UniVer |" in capsys.readouterr().out
     md = (tmp_path / "o" / "exact_tau.md").read_text()
     assert "no draft token accepted" in md and all(r["branches"]["enter"] for r in ex["rows"])
+
+
+# ---- EAGLE-2 dynamic trees (issue 50 follow-up): exact tau builds them like the engine does -----------------
+DYN = "eagle2:nodes=8,depth=4,topk=3"
+
+
+def test_exact_tau_on_a_dynamic_tree_at_temperature_0_is_the_engines_cycle_length(tiny):
+    """At temperature 0 a cycle's length is deterministic: exact tau at the engine's own cycle starts equals the
+    tokens each cycle of ``eagenerate`` appended (the direct computation), through the shared-prefill path
+    (``score_contexts_trees``, a dynamic and a static tree together) and the per-tree path alike."""
+    prompt = torch.tensor([PROMPT])
+    out, stats = tiny.eagenerate(prompt, temperature=0.0, max_new_tokens=24, tree_choices=DYN, return_stats=True)
+    acc = stats["accept_lengths"]
+    assert max(acc) > 1                                    # the tiny aligned model accepts draft tokens here
+    starts = [len(PROMPT) + 1 + sum(acc[:j]) for j in range(len(acc) - 1)]   # the last cycle may be truncated
+    ctxs = [{"question_id": 1, "group": "qa", "turn": 0, "position": j, "input_ids": out[0, :n].tolist()}
+            for j, n in enumerate(starts)]
+    both = X.score_contexts_trees(tiny, ctxs, ["greedy", "univer"], trees=[DYN, "2x2"], temperature=0.0)
+    alone = X.score_contexts(tiny, ctxs, ["greedy", "univer"], tree=DYN, temperature=0.0)
+    assert both[DYN] == alone
+    for rec, a in zip(alone, acc):
+        assert rec["values"] == {"greedy": pytest.approx(a), "univer": pytest.approx(a)}
+    assert both["2x2"] == X.score_contexts(tiny, ctxs, ["greedy", "univer"], tree="2x2", temperature=0.0)
+
+
+def test_exact_tau_on_a_dynamic_tree_shared_prefill_equals_tree_laws(tiny):
+    """At temperature 1 (Greedy / UniVer: the dynamic shape drafted under topk_residual) every tree of the shared
+    prefill equals a separate ``tree_laws`` call with the same generator, and its exact tau is the verifier's
+    outcome law summed by hand; a dynamic tree under rule ``wor`` is refused in one line."""
+    from eagle.verify import get_verifier
+
+    ids = torch.tensor([PROMPT + [5, 8]])
+    specs = [(DYN, "topk_residual", 3), ("2x2", "wor", 4), ("eagle2:nodes=3,depth=2,topk=2", "topk", 5)]
+    shared = list(X.tree_laws_shared(tiny, ids, [(t, r, torch.Generator().manual_seed(s)) for t, r, s in specs],
+                                     temperature=1.0))
+    for (t, r, s), got in zip(specs, shared):
+        ref = tiny.tree_laws(ids, tree_choices=t, drafting=r, temperature=1.0, generator=torch.Generator().manual_seed(s))
+        for k in ("parents", "tokens", "depth", "target_probs", "draft_probs"):
+            assert torch.equal(getattr(got, k), getattr(ref, k)), (t, k)
+    laws = shared[0]
+    assert laws.parents.numel() == 9
+    law = get_verifier("univer").outcome_probs(laws.parents, laws.tokens, laws.target_probs, laws.draft_probs)
+    by_hand = sum(float(law[i].sum()) * (int(laws.depth[i]) + 1) for i in range(laws.parents.numel()))
+    assert X.expected_tokens(law, laws.depth) == pytest.approx(by_hand) and 1.0 <= by_hand <= 5.0
+    with pytest.raises(ValueError, match="cannot serve drafting rule 'wor'") as e:
+        list(X.tree_laws_shared(tiny, ids, [(DYN, "wor", None), ("2x2", "wor", None)], temperature=1.0))
+    assert "\n" not in str(e.value)
+
+
+def test_cli_runs_exact_tau_on_a_dynamic_tree(tiny, tmp_path, monkeypatch):
+    """``--tree eagle2:...`` with exact tau on (no --contexts-per-question 0 needed any more)."""
+    import json
+
+    from evaluation import arguments
+
+    class Fmt:
+        name = "test"
+
+        @staticmethod
+        def ids(tok, messages):
+            return [3 + len(m["content"]) % 20 for m in messages] + [1, 2]
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    tiny.tokenizer = Tok()
+    monkeypatch.setattr(arguments, "load_checked_model", lambda cfg: (tiny, Fmt()))
+    qf = tmp_path / "q.jsonl"
+    qf.write_text("".join(json.dumps({"question_id": 81 + i, "category": c, "turns": ["a b c"]}) + "\n"
+                          for i, c in enumerate(["writing", "qa"])))
+    try:
+        ex = X.main(["--question-file", str(qf), "--tree", DYN, "--methods", "greedy", "univer", "--max-new-tokens",
+                     "8", "--seeds", "1", "--out", str(tmp_path / "o"), "--no-progress", "--bootstrap", "20"])
+    finally:
+        tiny.tokenizer = None
+    assert ex["tree"] == DYN and ex["n_contexts"] > 2 and [r["method"] for r in ex["rows"]] == ["greedy", "univer"]
+    assert all(r["avg_tau"]["mean"] >= 1.0 for r in ex["rows"])
+    assert (tmp_path / "o" / "exact_tau.md").read_text().startswith("Exact expected τ")
