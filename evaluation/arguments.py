@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 __all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
-           "load_model", "check_drafter_options", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
+           "load_model", "check_drafter_options", "parse_option_items", "check_option_dict", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
            "load_checked_model", "EXPECTED_TAU", "expected_tau_on", "check_dynamic_trees"]
 
 BASELINE = "naive"
@@ -502,46 +502,77 @@ def check_drafter(name: Optional[str], methods: list, temperature: float) -> str
     return name
 
 
-def check_drafter_options(items: Sequence[str], drafter: str) -> dict:
-    """``--drafter-option KEY=VALUE`` (repeatable) -> the drafter's ``for_model`` options; VALUE is read as JSON
-    when it parses (``8``, ``true``), else kept as text (``JackFram/llama-68m``). Checked against the drafter's
-    ``check_options`` when it has one, else against the names its ``for_model`` (or ``__init__``) takes.
+def parse_option_items(items: Sequence[str]) -> dict:
+    """``KEY=VALUE`` strings -> ``{KEY: value}``; VALUE is read as JSON when it parses (``8``, ``true``,
+    ``[2, 4]``), else kept as text (``JackFram/llama-68m``).
 
     Raises:
-        UsageError: ``--drafter-option``: not KEY=VALUE, a repeated key, or options the drafter refuses.
+        ValueError: an item that is not KEY=VALUE (KEY an identifier) or a repeated key (one line).
     """
-    import inspect
     import json
-
-    from eagle.drafters import get_drafter
 
     opts: dict = {}
     for item in items or []:
         key, eq, raw = str(item).partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():
-            raise UsageError("--drafter-option", f"use KEY=VALUE (KEY an identifier), got {item!r}")
+            raise ValueError(f"use KEY=VALUE (KEY an identifier), got {item!r}")
         if key in opts:
-            raise UsageError("--drafter-option", f"{key!r} given twice")
+            raise ValueError(f"{key!r} given twice")
         try:
             opts[key] = json.loads(raw)
         except ValueError:
             opts[key] = raw
+    return opts
+
+
+def check_option_dict(drafter: str, options: dict) -> dict:
+    """Check a drafter's ``for_model`` options without loading anything: with the drafter's ``check_options``
+    when it has one, else against the names its ``for_model`` (or ``__init__``, when ``for_model`` passes
+    ``**options`` on) takes.
+
+    Args:
+        drafter: a registered drafter name; options: ``{name: value}``.
+
+    Returns:
+        ``options`` (a new dict, same order).
+
+    Raises:
+        ValueError: an unknown drafter, options that are not a dict with string keys, or options the drafter
+            refuses (one line).
+    """
+    import inspect
+
+    from eagle.drafters import get_drafter
+
+    if not isinstance(options, dict) or not all(isinstance(k, str) and k.isidentifier() for k in options):
+        raise ValueError(f"drafter options must be an object of name: value, got {options!r}")
+    opts = dict(options)
     cls = get_drafter(drafter)
     check = getattr(cls, "check_options", None)
+    if check is not None:
+        check(dict(opts))
+    elif opts:
+        params = list(inspect.signature(cls.for_model).parameters.values())[1:]  # after the model
+        if any(p.kind is p.VAR_KEYWORD for p in params):  # options passed on to the constructor
+            params += list(inspect.signature(cls.__init__).parameters.values())[1:]
+        names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        if set(opts) - names:
+            raise ValueError(f"drafter {drafter!r} takes no option(s) {sorted(set(opts) - names)}")
+    return opts
+
+
+def check_drafter_options(items: Sequence[str], drafter: str) -> dict:
+    """``--drafter-option KEY=VALUE`` (repeatable) -> the drafter's ``for_model`` options
+    (:func:`parse_option_items`, then :func:`check_option_dict`).
+
+    Raises:
+        UsageError: ``--drafter-option``: not KEY=VALUE, a repeated key, or options the drafter refuses.
+    """
     try:
-        if check is not None:
-            check(dict(opts))
-        elif opts:
-            params = list(inspect.signature(cls.for_model).parameters.values())[1:]  # after the model
-            if any(p.kind is p.VAR_KEYWORD for p in params):  # options passed on to the constructor
-                params += list(inspect.signature(cls.__init__).parameters.values())[1:]
-            names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-            if set(opts) - names:
-                raise ValueError(f"drafter {drafter!r} takes no option(s) {sorted(set(opts) - names)}")
+        return check_option_dict(drafter, parse_option_items(items))
     except ValueError as e:
         raise UsageError("--drafter-option", " ".join(str(e).split())) from None
-    return opts
 
 
 #: what --quick sets (options given explicitly still win)

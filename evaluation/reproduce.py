@@ -1,6 +1,7 @@
 """The paper in one command: a sweep of paper cells from one config file per setting, resumable and sharded.
 
-A **setting** (``configs/paper/<name>.json``) fixes the model, its head (or drafter), the questions, seeds,
+A **setting** (``configs/paper/<name>.json``) fixes the model, its head or any registered drafter with its options
+(``drafter``, ``drafter_options``; e.g. ``draft_lm`` with ``JackFram/llama-68m``), the questions, seeds,
 methods and the paper's tables to reproduce (:data:`CONFIG_KEYS`). Its **cells** are the tables' (temperature,
 tree) pairs; the numbers of a cell come from **exact expected tau on shared contexts**
 (:mod:`evaluation.exact_tau`): contexts are positions in the plain-decoding answers at that temperature, every
@@ -13,6 +14,9 @@ reference of that question, then every tree of every table at that temperature s
 ``sampled`` unit per (seed, question) of the sampled check. A unit's file
 (``OUT/<setting>/units/<unit id>.json``) is rewritten after each tree it finishes (atomically) and holds the
 reference's token ids, so a rerun skips what is done and a config that adds trees only scores the new ones.
+A unit file also records what its numbers depend on (:func:`_unit_settings`: model, head, seed, ...; the drafter
+and its options only for settings that name another drafter than ``eagle`` or give options, so the files of the
+EAGLE-head settings are unchanged); a stored unit made with other values is refused, never reused.
 A unit's numbers depend only on the unit (its seeds come from seed, question and context), so any split of the
 units gives the same report.
 
@@ -70,8 +74,11 @@ CONFIG_KEYS = {
     "description": "free text shown in the report",
     "model": "'default' (embedded CPU model) or a hub id / folder (required)",
     "head": "EAGLE-1 head hub id / folder; null = the shipped head of --model default",
-    "drafter": "'eagle' (runs) or 'draft_lm' (a separate small LM; no drafter for it exists yet)",
-    "draft_model": "hub id of the draft language model (drafter 'draft_lm')",
+    "drafter": "a registered drafter (default eagle, the EAGLE-1 head; draft_lm: a separate small LM; eagle3; hybrid; "
+               "prompt_lookup; plug-ins')",
+    "drafter_options": "{name: value} for the drafter's for_model (draft_lm: model_path_or_module, dtype; eagle3: path; "
+                       "hybrid: lookup_weight, max_ngram, min_ngram, depth)",
+    "draft_model": "shorthand for drafter 'draft_lm''s drafter_options.model_path_or_module (hub id or folder)",
     "paper_model": "whose published numbers sit beside ours (a key of evaluation.paper.PAPER_MODELS) or null",
     "device": "auto | cpu | cuda | cuda:N (a sharded GPU run takes cuda:LOCAL_RANK)",
     "dtype": "auto | float16 | bfloat16 | float32",
@@ -99,7 +106,6 @@ BLOCK_KEYS = {"table", "layout", "temperatures", "trees", "widths", "depths", "m
 SAMPLED_KEYS = {"temperature", "tree", "methods", "per_category", "max_new_tokens"}
 COST_KEYS = {"decode_step_s", "prefill_tokens_per_step", "context_tokens", "device_label"}
 LAYOUTS = ("groups", "grid", "depth_width")
-DRAFTERS = ("eagle", "draft_lm")
 
 
 class ConfigError(ValueError):
@@ -155,6 +161,13 @@ class Setting:
     quick: bool
     description: str = ""
     notes: str = ""
+    drafter_options: dict = field(default_factory=dict)
+
+    def drafter_text(self) -> str:
+        """``"eagle"``, or the drafter with its options, e.g. ``"draft_lm (model_path_or_module=JackFram/llama-68m)"``."""
+        if not self.drafter_options:
+            return self.drafter
+        return f"{self.drafter} (" + ", ".join(f"{k}={v}" for k, v in self.drafter_options.items()) + ")"
 
     def temperatures(self) -> list[float]:
         return sorted({t for b in self.blocks for t in b.temperatures})
@@ -278,9 +291,7 @@ def load_setting(path, quick: bool = False, check_methods: bool = True) -> Setti
     name = _str(path, "name", c["name"], allow_none=False)
     if not all(ch.isalnum() or ch in "-_." for ch in name):
         raise _err(path, "name", f"letters, digits, '-', '_', '.' only (it names a folder), got {name!r}")
-    drafter = c.get("drafter", "eagle")
-    if drafter not in DRAFTERS:
-        raise _err(path, "drafter", f"use one of {DRAFTERS}, got {drafter!r}")
+    drafter, drafter_options = _check_drafter(path, c)
     from evaluation.paper import PAPER_MODELS
 
     paper_model = c.get("paper_model")
@@ -374,12 +385,20 @@ def load_setting(path, quick: bool = False, check_methods: bool = True) -> Setti
     for k in ("decode_step_s", "prefill_tokens_per_step", "context_tokens"):
         if not isinstance(cost[k], (int, float)) or isinstance(cost[k], bool) or cost[k] <= 0:
             raise _err(path, f"cost.{k}", f"must be a positive number, got {cost[k]!r}")
-    for k in ("description", "notes", "template", "head", "draft_model"):
+    for k in ("description", "notes", "template", "head"):
         _str(path, k, c.get(k))
-    if drafter == "draft_lm" and not c.get("draft_model"):
-        raise _err(path, "draft_model", "required with drafter 'draft_lm'")
-    if c.get("model") != "default" and drafter == "eagle" and not c.get("head"):
-        raise _err(path, "head", f"required for model {c.get('model')!r} (an EAGLE-1 head hub id or folder)")
+    from eagle.drafters import get_drafter
+
+    if c.get("model") != "default" and get_drafter(drafter).needs_head and not c.get("head"):
+        raise _err(path, "head", f"required for model {c.get('model')!r} with drafter {drafter!r} (an EAGLE-1 head "
+                                 f"hub id or folder)")
+    if check_methods:
+        from evaluation.arguments import UsageError, check_drafter
+
+        try:
+            check_drafter(drafter, methods, 1.0)
+        except UsageError as e:
+            raise _err(path, "drafter", str(e).split(": ", 1)[1]) from None
     dv = c.get("draft_vocab", "auto")
     if dv not in ("auto", "off"):
         raise _err(path, "draft_vocab", f"use auto or off, got {dv!r}")
@@ -396,7 +415,47 @@ def load_setting(path, quick: bool = False, check_methods: bool = True) -> Setti
                    contexts_per_question=_int(path, "contexts_per_question", c.get("contexts_per_question", 6)),
                    draws=_int(path, "draws", c.get("draws", 1)), bootstrap=_int(path, "bootstrap", c.get("bootstrap", 1000), 2),
                    blocks=blocks, sampled=sampled, cost=cost, quick=quick,
-                   description=c.get("description") or "", notes=c.get("notes") or "")
+                   description=c.get("description") or "", notes=c.get("notes") or "", drafter_options=drafter_options)
+
+
+def _check_drafter(path, c: dict) -> tuple[str, dict]:
+    """``(drafter, drafter_options)`` of a raw setting: a registered drafter, its options checked by the drafter
+    (:func:`evaluation.arguments.check_option_dict`, nothing loaded); ``draft_model`` is drafter ``draft_lm``'s
+    ``model_path_or_module``.
+
+    Raises:
+        ConfigError: ``drafter``, ``drafter_options`` or ``draft_model`` (one line naming the key).
+    """
+    from eagle.drafters import available_drafters, get_drafter
+    from evaluation.arguments import check_option_dict
+
+    drafter = c.get("drafter", "eagle")
+    if not isinstance(drafter, str) or not drafter.strip():
+        raise _err(path, "drafter", f"must be a drafter name, got {drafter!r}")
+    drafter = drafter.strip().lower()
+    try:
+        get_drafter(drafter)
+    except ValueError:
+        raise _err(path, "drafter", f"unknown drafter {drafter!r}; use one of {available_drafters()}") from None
+    opts = c.get("drafter_options") or {}
+    if not isinstance(opts, dict):
+        raise _err(path, "drafter_options", f"must be an object of name: value, got {opts!r}")
+    opts = dict(opts)
+    dm = _str(path, "draft_model", c.get("draft_model"))
+    if dm is not None:
+        if drafter != "draft_lm":
+            raise _err(path, "draft_model", f"only with drafter 'draft_lm' (this setting's drafter is {drafter!r}); "
+                                            f"use drafter_options")
+        if opts.get("model_path_or_module", dm) != dm:
+            raise _err(path, "draft_model", f"{dm!r} and drafter_options.model_path_or_module "
+                                            f"{opts['model_path_or_module']!r} disagree: give one")
+        opts = {"model_path_or_module": dm, **opts}
+    try:
+        opts = check_option_dict(drafter, opts)
+    except ValueError as e:
+        key = "draft_model" if dm is not None and not c.get("drafter_options") else "drafter_options"
+        raise _err(path, key, " ".join(str(e).split())) from None
+    return drafter, opts
 
 
 # -------------------------------------------------------------------------------------------- questions
@@ -489,13 +548,23 @@ def detect_shard(env=os.environ) -> tuple[int, int, Optional[int]]:
 
 
 def _unit_settings(s: Setting, u: dict) -> dict:
-    """What a unit's numbers depend on besides its jobs (a stored unit with other values is not reused)."""
+    """What a unit's numbers depend on besides its jobs (a stored unit with other values is not reused).
+
+    The drafter and its options are added only for a setting that names another drafter than ``eagle``
+    (``"drafter"``) or gives options (``"drafter"`` and ``"drafter_options"``): the settings of an EAGLE-head
+    setting without options, hence its unit files, are exactly those written before drafters had options
+    (``tests/test_reproduce_drafters.py`` pins them for ``configs/paper/default-cpu.json``).
+    """
     d = {"model": s.model, "head": s.head, "draft_vocab": s.draft_vocab, "template": s.template,
          "seed": u["seed"], "temperature": u["temperature"], "question_id": u["question_id"], "draws": s.draws}
     if u["kind"] == "exact":
         d.update(max_new_tokens=s.max_new_tokens, methods=list(s.methods))
     else:
         d.update(max_new_tokens=s.sampled["max_new_tokens"], tree=u["tree"])
+    if s.drafter != "eagle" or s.drafter_options:
+        d["drafter"] = s.drafter
+    if s.drafter_options:
+        d["drafter_options"] = dict(s.drafter_options)
     return d
 
 
@@ -533,22 +602,28 @@ def unit_done(s: Setting, u: dict, rec: Optional[dict]) -> bool:
 
 # --------------------------------------------------------------------------------------------- running
 def load_for_setting(s: Setting, device: Optional[str] = None):
-    """``(model, prompt format)`` of a setting (the harness's loader and checks)."""
+    """``(model, prompt format)`` of a setting (the harness's loader and checks), drafting with the setting's drafter
+    and options (the head is loaded only for a drafter that needs one, or when the setting names it).
+
+    Raises:
+        ConfigError: a bad device, model, head, template, or a load that failed (one line).
+    """
     from evaluation.arguments import (UsageError, check_device, check_head, check_model, check_template,
                                       load_checked_model, Config)
 
-    if s.drafter != "eagle":
-        raise ConfigError(f"{s.path}: drafter: {s.drafter!r} needs a draft-language-model drafter, which the engine "
-                          f"does not have yet (dry run only)")
+    from eagle.drafters import get_drafter
+
     try:
         dev, dtype = check_device(device or s.device, s.dtype)
         model = check_model(s.model)
-        cfg = Config(model=model, head=check_head(s.head, model), temperature=1.0, top_p=1.0, top_k=0, tree="2x5",
+        head = check_head(s.head, model) if get_drafter(s.drafter).needs_head or s.head else None
+        cfg = Config(model=model, head=head, temperature=1.0, top_p=1.0, top_k=0, tree="2x5",
                      methods=list(s.methods), seeds=list(s.seeds), per_category=None, max_new_tokens=s.max_new_tokens,
                      questions=[], question_file=None, out=Path("."), device=dev, dtype=dtype, threads=s.threads,
                      template=check_template(s.template, model), plugins=[], quick=s.quick, note=None,
                      contexts_per_question=s.contexts_per_question, draws=s.draws, bootstrap=s.bootstrap,
-                     no_progress=True, plots=False, draft_vocab=s.draft_vocab)
+                     no_progress=True, plots=False, draft_vocab=s.draft_vocab, drafter=s.drafter,
+                     drafter_options=dict(s.drafter_options))
         return load_checked_model(cfg)
     except UsageError as e:
         raise ConfigError(f"{s.path}: {' '.join(str(e).split())}") from None
@@ -816,7 +891,7 @@ def build_report(s: Setting, questions: Sequence[dict], out: Path) -> dict:
             verdicts.append(v)
     ids = [int(q["question_id"]) for q in questions]
     return {"setting": s.name, "config": s.path, "quick": s.quick, "model": s.model, "head": s.head,
-            "drafter": s.drafter, "paper_model": s.paper_model,
+            "drafter": s.drafter, "drafter_options": s.drafter_options, "paper_model": s.paper_model,
             "paper_label": PAPER_MODELS.get(s.paper_model or "", {}).get("label"),
             "question_set": s.question_set, "selection_per_category": s.selection_per_category,
             "question_ids": ids, "seeds": s.seeds, "methods": s.methods, "reference": s.reference,
@@ -862,7 +937,13 @@ def render_report(rep: dict, pngs: Sequence[str] = ()) -> str:
               "wide and its verdicts are not a result.**", ""]
     if rep.get("description"):
         L += [rep["description"], ""]
-    L += [f"Model `{rep['model']}`, head `{rep['head'] or 'shipped default head'}`; paper numbers beside ours: "
+    drafter = rep.get("drafter") or "eagle"
+    if drafter == "eagle" and not rep.get("drafter_options"):
+        drafted = f"head `{rep['head'] or 'shipped default head'}`"
+    else:
+        opts = ", ".join(f"{k}={v}" for k, v in (rep.get("drafter_options") or {}).items())
+        drafted = f"drafter `{drafter}`" + (f" ({opts})" if opts else "") + (f", head `{rep['head']}`" if rep["head"] else "")
+    L += [f"Model `{rep['model']}`, {drafted}; paper numbers beside ours: "
           f"{rep.get('paper_label') or 'none'}. Methods {', '.join(method_label(m) for m in rep['methods'])}; "
           f"Δ = paired change vs {method_label(rep['reference'])} in percent.", ""]
     nq = len(rep["question_ids"])
@@ -1136,11 +1217,7 @@ def dry_run_text(s: Setting, questions: Optional[Sequence[dict]], shard: tuple[i
 
     L = [f"== {s.name} ({s.path}){' --quick' if s.quick else ''}"]
     head = s.head or ("(shipped default head)" if s.model == "default" else "none")
-    L.append(f"model {s.model}  head {head}  drafter {s.drafter}"
-             + (f" ({s.draft_model})" if s.draft_model else ""))
-    if s.drafter != "eagle":
-        L.append("  NOT RUNNABLE YET: the draft-language-model drafter does not exist in the engine (listed for its "
-                 "paper numbers)")
+    L.append(f"model {s.model}  head {head}  drafter {s.drafter_text()}")
     pm = PAPER_MODELS.get(s.paper_model or "")
     L.append(f"paper numbers: {pm['label'] + ' (' + pm['tables'] + ')' if pm else 'none'}")
     L.append(f"methods {s.methods}, reference {s.reference}, seeds {s.seeds}, {s.max_new_tokens} new tokens per turn, "
@@ -1166,7 +1243,7 @@ def dry_run_text(s: Setting, questions: Optional[Sequence[dict]], shard: tuple[i
                          if pc else (f"paper note: {note['text']}" if note else "paper: no number on record"))
                 skip = f"  SKIPPED: {b.skipped[tree]}" if tree in b.skipped else ""
                 L.append(f"  {b.table:{width}s} T={t:<4g} {tree:13s} {paper}{skip}")
-    if questions is None or s.drafter != "eagle":
+    if questions is None:
         return "\n".join(L)
     units = plan_units(s, questions)
     est = estimate_cost(s, units, questions)

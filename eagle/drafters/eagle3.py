@@ -16,6 +16,8 @@ draws of the target).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..drafting import EagleTreeDrafter
@@ -54,6 +56,27 @@ class Eagle3Drafter(EagleTreeDrafter):
             raise ValueError(f"drafter 'eagle3': {len(layers)} feature layers of width {ht} do not fit the head's fc "
                              f"input of width {width}")
         self.feature_layers = layers
+
+    @staticmethod
+    def check_options(options: dict) -> None:
+        """Check :meth:`for_model`'s options without loading anything (the harness calls it at the door).
+
+        Raises:
+            ValueError: an unknown option, no ``path``, or a ``path`` that is not a local head folder / weight
+                file beside its ``config.json`` (one line).
+        """
+        from ..model.eagle3_head import _weights_folder
+
+        unknown = sorted(set(options) - {"path", "feature_layers"})
+        if unknown:
+            raise ValueError(f"drafter 'eagle3': unknown option(s) {unknown}; it takes path (the EAGLE-3 head folder) "
+                             f"and feature_layers")
+        path = options.get("path")
+        if path is None or (isinstance(path, str) and not path.strip()):
+            raise ValueError("drafter 'eagle3' needs the EAGLE-3 head: path=<head folder>")
+        if not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"drafter 'eagle3': path must be a folder, got {type(path).__name__}")
+        _weights_folder(path)
 
     @classmethod
     def for_model(cls, model, path=None, feature_layers=None) -> "Eagle3Drafter":
