@@ -25,7 +25,8 @@ reads it for every category and "overall")::
      "method", "seed", "temperature", "top_p", "top_k", "tree" (null for naive), "max_new_tokens",
      "expected_tau" (whether the choices carry expected_accept_lengths; --expected-tau),
      "model", "head", "head_sha256": {file: sha256}, "commit", "torch", "transformers", "python",
-     "device", "dtype", "threads", "fast_cpu", "prompt_format": {"name", "source", "reason"}}
+     "device", "dtype", "threads", "fast_cpu", "draft_vocab", "drafter",
+     "drafter_options" (only when the drafter was given options), "prompt_format": {"name", "source", "reason"}}
 
 Timing: ``wall_time`` is the engine's own clock (``stats["wall_time"]``: prefill to the last token,
 CUDA synchronised, without the exact-law bookkeeping of ``expected_tau``), the same instrument for
@@ -35,7 +36,10 @@ written).
 Randomness: each turn gets its own engine seed ``seed * 1_000_003 + question_id * 16 + turn``
 (:func:`call_seed`), so a resumed run draws exactly what an uninterrupted one would.
 
-Resuming: question ids already present in the answer file are skipped.
+Resuming: question ids already present in the answer file are skipped; the file's first record must have been
+made with the same settings (:data:`RESUME_KEYS`, :func:`resume_settings`, :func:`resume_conflict`), the
+drafter's options included, so answers of two draft models never share a file (the command line refuses, naming
+the setting, before any work).
 
 Command line (same flags and checks as the main job, :mod:`evaluation.specbench`)::
 
@@ -55,7 +59,7 @@ from evaluation.arguments import BASELINE, load_model, resolve_device  # noqa: F
 from evaluation.questions import build_messages, build_prompt_ids
 
 __all__ = ["BASELINE", "call_seed", "answer_file_name", "resolve_device",
-           "load_model", "read_answered_ids", "RESUME_KEYS", "resume_conflict", "generate_turns", "file_sha256", "git_commit", "resolve_head",
+           "load_model", "read_answered_ids", "RESUME_KEYS", "resume_settings", "resume_conflict", "json_options", "generate_turns", "file_sha256", "git_commit", "resolve_head",
            "provenance", "generate_answers", "run", "main"]
 
 
@@ -282,9 +286,36 @@ def _draft_vocab_size(model) -> Optional[int]:
     return None if d2t is None else int(d2t.numel())
 
 
-def provenance(model, model_name: str = "default", head: Optional[str] = None, prompt_format=None) -> dict:
+def json_options(options: Optional[dict]) -> dict:
+    """A drafter's options in JSON form (the answer records' ``drafter_options``): numbers, strings, booleans,
+    None, lists and dicts as they are, a path as text, a torch dtype as its name (``"torch.float16"``), anything
+    else (a loaded model) as ``"<ClassName>"``."""
+    import torch
+
+    def conv(v):
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): conv(x) for k, x in v.items()}
+        if isinstance(v, os.PathLike):
+            return os.fspath(v)
+        if isinstance(v, torch.dtype):
+            return str(v)
+        return f"<{type(v).__name__}>"
+
+    return {str(k): conv(v) for k, v in (options or {}).items()}
+
+
+def provenance(model, model_name: str = "default", head: Optional[str] = None, prompt_format=None,
+               drafter_options: Optional[dict] = None) -> dict:
     """What produced an answer file: model, head path + sha256 of its weight files, commit, versions,
-    dtype, device, torch threads, the engine's fast CPU linears flag, prompt format. JSON-ready."""
+    dtype, device, torch threads, the engine's fast CPU linears flag, drafter, prompt format. JSON-ready.
+
+    ``drafter_options`` (the options the model's drafter was built with, e.g. ``--drafter-option``) are recorded
+    as ``"drafter_options"`` (:func:`json_options`) only when there are some: records of a drafter without
+    options keep exactly the keys they had before."""
     import platform
 
     import torch
@@ -301,13 +332,41 @@ def provenance(model, model_name: str = "default", head: Optional[str] = None, p
         "fast_cpu": getattr(model, "fast_cpu", None),
         "draft_vocab": _draft_vocab_size(model),
         "drafter": getattr(getattr(model, "drafter", None), "name", None),
+        **({"drafter_options": json_options(drafter_options)} if drafter_options else {}),
         "prompt_format": None if prompt_format is None else prompt_format.describe(),
     }
 
 
 #: settings that must match for answers to be appended to an existing file (resuming)
 RESUME_KEYS = ("model", "head", "max_new_tokens", "top_p", "top_k", "temperature", "tree", "tree_choices", "seed",
-               "method", "draft_vocab", "drafter")
+               "method", "draft_vocab", "drafter", "drafter_options")
+
+
+def resume_settings(info: dict, method: str, *, seed: int, temperature: float, top_p: float, top_k: int,
+                    max_new_tokens: int, tree: Optional[str], tree_choices: Optional[list] = None) -> dict:
+    """The settings an answer file of ``method`` must share with this run to be appended to
+    (:func:`resume_conflict`).
+
+    Args:
+        info: :func:`provenance` of the run (model, head, prompt format, draft vocabulary, drafter and options).
+        method: ``"naive"`` or a verifier; seed, temperature, top_p, top_k, max_new_tokens: the run's.
+        tree: the tree label (ignored for naive); tree_choices: its resolved rank paths (``"auto"``) or None.
+
+    Returns:
+        A dict of :data:`RESUME_KEYS` (plus ``prompt_format``). The drafter is part of it for verifiers only (plain
+        decoding does not draft); ``drafter_options`` only when the run's drafter has options.
+    """
+    tree = None if method == BASELINE else tree
+    d = {"model": info["model"], "head": info["head"], "max_new_tokens": max_new_tokens, "top_p": top_p,
+         "top_k": top_k, "temperature": temperature, "tree": tree, "seed": seed, "method": method,
+         "prompt_format": info.get("prompt_format"), "draft_vocab": info.get("draft_vocab")}
+    if tree is not None and tree_choices is not None:
+        d["tree_choices"] = tree_choices
+    if method != BASELINE:
+        d["drafter"] = info.get("drafter")
+        if info.get("drafter_options"):
+            d["drafter_options"] = info["drafter_options"]
+    return d
 
 
 def resolve_tree_choices(model, cfg, tree: Optional[str] = None) -> Optional[list]:
@@ -322,7 +381,9 @@ def resolve_tree_choices(model, cfg, tree: Optional[str] = None) -> Optional[lis
 def resume_conflict(path: os.PathLike | str, settings: dict) -> Optional[str]:
     """Why answers with ``settings`` must not be appended to the existing file ``path`` (None if they may).
 
-    Compares :data:`RESUME_KEYS` and the prompt format's name with the file's first record.
+    Compares :data:`RESUME_KEYS` and the prompt format's name with the file's first record; a key absent from
+    either side is not compared, except ``drafter_options`` where both name a ``drafter`` (no options there =
+    none: a file of one draft model never takes another's answers).
     """
     p = Path(path)
     if not p.is_file():
@@ -334,6 +395,9 @@ def resume_conflict(path: os.PathLike | str, settings: dict) -> Optional[str]:
             except json.JSONDecodeError:
                 continue
             diff = [k for k in RESUME_KEYS if k in settings and k in rec and rec[k] != settings[k]]
+            if ("drafter" in settings and "drafter" in rec and "drafter_options" not in diff
+                    and (rec.get("drafter_options") or None) != (settings.get("drafter_options") or None)):
+                diff.append("drafter_options")
             fmt_old = (rec.get("prompt_format") or {}).get("name")
             fmt_new = (settings.get("prompt_format") or {}).get("name")
             if fmt_old and fmt_new and fmt_old != fmt_new:
@@ -493,9 +557,33 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     if args.answer_file and (len(cfg.methods) != 1 or len(cfg.seeds) != 1):
         exit_on_usage_error(lambda: (_ for _ in ()).throw(
             UsageError("--answer-file", "needs exactly one method and one seed")), prog="gen_answer")
+
+    def check_resume(info: dict, choices, known_only: bool) -> None:
+        """Every existing answer file of this run must come from the same settings (one line, exit 2)."""
+        for seed in cfg.seeds:
+            for m in cfg.methods:
+                path = Path(args.answer_file) if args.answer_file else cfg.out / "answers" / answer_file_name(
+                    m, cfg.temperature, cfg.tree, seed)
+                settings = resume_settings(info, m, seed=seed, temperature=cfg.temperature, top_p=cfg.top_p,
+                                           top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, tree=cfg.tree,
+                                           tree_choices=choices)
+                if known_only:  # before loading: what the loaded model decides is not known yet
+                    for k in ("prompt_format", "draft_vocab", "tree_choices"):
+                        settings.pop(k, None)
+                why = resume_conflict(path, settings)
+                if why:
+                    flag = "--answer-file" if args.answer_file else "--out"
+                    exit_on_usage_error(lambda: (_ for _ in ()).throw(
+                        UsageError(flag, f"{why}; use another {flag} or delete that file")), prog="gen_answer")
+
+    # first from the flags alone (before loading anything), then with what the loaded model says
+    check_resume({"model": str(cfg.model), "head": resolve_head(cfg.model, cfg.head), "drafter": cfg.drafter,
+                  **({"drafter_options": json_options(cfg.drafter_options)} if cfg.drafter_options else {})},
+                 None, known_only=True)
     model, fmt = exit_on_usage_error(load_checked_model, cfg, prog="gen_answer")
-    info = provenance(model, cfg.model, cfg.head, fmt)
+    info = provenance(model, cfg.model, cfg.head, fmt, drafter_options=cfg.drafter_options)
     choices = resolve_tree_choices(model, cfg)
+    check_resume(info, choices, known_only=False)
     kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, tree=cfg.tree,
               max_new_tokens=cfg.max_new_tokens, model_name=cfg.model, head=cfg.head, progress=not cfg.no_progress,
               prompt_format=fmt, run_info=info, tree_choices=choices,

@@ -41,7 +41,7 @@ def run_job(cfg: Config, model, fmt) -> dict:
     from evaluation import tables as T
 
     out = cfg.out
-    info = G.provenance(model, cfg.model, cfg.head, fmt)
+    info = G.provenance(model, cfg.model, cfg.head, fmt, drafter_options=cfg.drafter_options)
     methods = [BASELINE] + [m for m in cfg.methods if m != BASELINE]
     t0 = time.perf_counter()  # an auto tree is fitted here (cached on disk per machine), never inside a timed call
     choices = G.resolve_tree_choices(model, cfg)
@@ -53,12 +53,9 @@ def run_job(cfg: Config, model, fmt) -> dict:
     for seed in cfg.seeds:  # resuming: an existing answer file must come from the same settings (and tree)
         for m, tree_spec, tree_choices in runs:
             tree = None if m == BASELINE else tree_spec
-            settings = {"model": info["model"], "head": info["head"], "max_new_tokens": cfg.max_new_tokens,
-                        "top_p": cfg.top_p, "top_k": cfg.top_k, "temperature": cfg.temperature, "tree": tree,
-                        "seed": seed, "method": m, "prompt_format": info["prompt_format"],
-                        "draft_vocab": info["draft_vocab"]}
-            if tree is not None and tree_choices is not None:
-                settings["tree_choices"] = tree_choices
+            settings = G.resume_settings(info, m, seed=seed, temperature=cfg.temperature, top_p=cfg.top_p,
+                                         top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, tree=tree,
+                                         tree_choices=tree_choices)
             why = G.resume_conflict(out / "answers" / G.answer_file_name(m, cfg.temperature, tree, seed), settings)
             if why:
                 raise UsageError("--out", f"{why}; use another --out or delete that file")

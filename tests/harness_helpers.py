@@ -54,3 +54,51 @@ def specbench_speed(jsonl_file, jsonl_file_base, tokenize, task):
         speeds0.append(tokens / sum(d["choices"][0]["wall_time"]))
     return np.array(speeds).mean(), np.array(speeds0).mean(), np.array(speeds).mean() / np.array(speeds0).mean(), \
         np.mean(accept)
+
+
+def _char_tokenizer():
+    """A character-level fast tokenizer (specials + letters, digits, punctuation) with a chat template; its size."""
+    import string
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<bos>", "<eos>"]
+    chars = list(string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,?!:\n'-")
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
+                                  pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
+    tok.chat_template = ("{% for m in messages %}<bos>{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<bos>a:{% endif %}")
+    return tok, len(vocab)
+
+
+def tiny_draft_lm_folders(root):
+    """Folders (``save_pretrained``) under ``root``: ``target`` (a tiny random Llama, peaked laws, with the
+    character tokenizer and its chat template), ``near`` (the target plus noise: a draft model that agrees often)
+    and ``far`` (an unrelated 1-layer Llama), all sharing the vocabulary. Returns ``root`` (a Path)."""
+    import copy
+    from pathlib import Path
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from eagle.testing import tiny_llama_config
+
+    root = Path(root)
+    tok, v = _char_tokenizer()
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(tiny_llama_config(v, 32, 2)).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0 / (target.lm_head.weight.std() * 32 ** 0.5))
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    near = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in near.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
+    near.save_pretrained(root / "near")
+    torch.manual_seed(7)
+    LlamaForCausalLM(tiny_llama_config(v, 32, 1)).save_pretrained(root / "far")
+    return root

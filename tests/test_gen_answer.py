@@ -166,3 +166,67 @@ def test_run_interleaves_methods_question_by_question(tiny, tmp_path):
         assert [r["choices"][0]["turns"] for r in ra] == [r["choices"][0]["turns"] for r in rb]
     assert G.run(tiny, QUESTIONS, tmp_path / "a", ["naive", "rrsw"], [0], **kw) == a  # resumed: nothing new
     assert [len(_lines(f)) for f in a] == [len(QUESTIONS)] * 2
+
+
+# ---- drafter options in the resume key (issue 50 follow-up) ---------------------------------------------------
+def test_provenance_records_drafter_options_only_when_there_are_some(tiny):
+    import torch
+
+    plain = G.provenance(tiny)
+    assert "drafter_options" not in plain and plain["drafter"] == "eagle"
+    with_opts = G.provenance(tiny, drafter_options={"model_path_or_module": G.Path("/m/draft"),
+                                                    "dtype": torch.float16, "depth": 4})
+    assert with_opts["drafter_options"] == {"model_path_or_module": "/m/draft", "dtype": "torch.float16", "depth": 4}
+    assert G.json_options({"m": torch.nn.Linear(2, 2), "xs": (1, 2)}) == {"m": "<Linear>", "xs": [1, 2]}
+    assert list(with_opts) == [k for k in plain if k != "prompt_format"] + ["drafter_options", "prompt_format"]
+
+
+def test_resume_key_separates_draft_models(tiny, tmp_path):
+    """Two draft models never share an answer file; files without options resume as before (same keys)."""
+    common = dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4, tree="2x2")
+    base = G.provenance(tiny)
+    a = dict(base, drafter="draft_lm", drafter_options={"model_path_or_module": "org/a"})
+    b = dict(a, drafter_options={"model_path_or_module": "org/b"})
+    f = tmp_path / "rrsw.jsonl"
+    G.generate_answers(tiny, QUESTIONS[1:2], f, "rrsw", seed=0, tokenizer=_CharTok(), progress=False, warmup=False,
+                       run_info=a, **common)
+    assert _lines(f)[0]["drafter_options"] == {"model_path_or_module": "org/a"}
+    key = lambda info, m="rrsw": G.resume_settings(info, m, seed=0, **common)  # noqa: E731
+    assert G.resume_conflict(f, key(a)) is None
+    why = G.resume_conflict(f, key(b))
+    assert why is not None and "drafter_options" in why and "org/a" in why and "org/b" in why
+    assert "drafter_options" in G.resume_conflict(f, key(dict(a, drafter_options=None)))   # options vs none
+    # a file written without options: its records have no drafter_options key, and the same run resumes it
+    g = tmp_path / "plain.jsonl"
+    G.generate_answers(tiny, QUESTIONS[1:2], g, "rrsw", seed=0, tokenizer=_CharTok(), progress=False, warmup=False,
+                       run_info=base, **common)
+    assert "drafter_options" not in _lines(g)[0]
+    assert "drafter_options" not in key(base) and G.resume_conflict(g, key(base)) is None
+    assert "drafter_options" in G.resume_conflict(g, key(dict(base, drafter_options={"depth": 3})))
+    # plain decoding does not draft: its key has no drafter
+    assert "drafter" not in key(a, "naive") and key(a, "naive")["tree"] is None
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_cli_refuses_a_second_draft_model_in_one_out(tmp_path, capsys):
+    """gen_answer's command line with --drafter draft_lm on tiny folders: a second draft model into the same --out
+    is refused in one line before any work; the first one's resumes."""
+    from harness_helpers import tiny_draft_lm_folders
+
+    folders = tiny_draft_lm_folders(tmp_path / "models")
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["Write a poem."]}) + "\n")
+    argv = ["--model", str(folders / "target"), "--drafter", "draft_lm", "--methods", "rrsw", "--seeds", "0",
+            "--tree", "2x2", "--max-new-tokens", "4", "--question-file", str(q), "--out", str(tmp_path / "o"),
+            "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    files = G.main(argv + ["--drafter-option", f"model_path_or_module={folders / 'near'}"])
+    rec = _lines(files[0])[0]
+    assert rec["drafter"] == "draft_lm" and rec["drafter_options"] == {"model_path_or_module": str(folders / "near")}
+    G.main(argv + ["--drafter-option", f"model_path_or_module={folders / 'near'}"])   # resumes: nothing new
+    assert len(_lines(files[0])) == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        G.main(argv + ["--drafter-option", f"model_path_or_module={folders / 'far'}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("gen_answer: error: --out:") and "drafter_options" in err and "far" in err

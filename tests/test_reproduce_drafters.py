@@ -10,13 +10,13 @@
   the real loader drafts with ``draft_lm``, the stored exact tau equals a direct ``score_contexts`` computation.
 """
 import json
-import string
 from pathlib import Path
 
 import pytest
 import torch
 
 from evaluation import reproduce as R
+from harness_helpers import tiny_draft_lm_folders
 
 REPO = Path(__file__).resolve().parents[1]
 QS = [{"question_id": 81, "category": "writing", "turns": ["a", "b"]},
@@ -132,46 +132,10 @@ def test_settings_with_options_and_without():
 
 
 # ------------------------------------------------------------------ end to end on tiny folders
-def _char_tokenizer():
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<unk>", "<bos>", "<eos>"]
-    chars = list(string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,?!:\n'-")
-    vocab = {t: i for i, t in enumerate(specials + chars)}
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
-                                  pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>")
-    tok.chat_template = ("{% for m in messages %}<bos>{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}<bos>a:{% endif %}")
-    return tok, len(vocab)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """A tiny target (with tokenizer and chat template) and two draft LMs (a noisy copy, a random one)."""
-    import copy
-
-    from transformers import LlamaForCausalLM
-
-    from eagle.testing import tiny_llama_config
-
-    root = tmp_path_factory.mktemp("tiny_dlm")
-    tok, v = _char_tokenizer()
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(tiny_llama_config(v, 32, 2)).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(4.0 / (target.lm_head.weight.std() * 32 ** 0.5))
-    target.save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
-    near = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in near.parameters():
-            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
-    near.save_pretrained(root / "near")
-    torch.manual_seed(7)
-    LlamaForCausalLM(tiny_llama_config(v, 32, 1)).save_pretrained(root / "far")
-    return root
+    """A tiny target (with tokenizer and chat template) and two draft LMs (``near``: a noisy copy, ``far``)."""
+    return tiny_draft_lm_folders(tmp_path_factory.mktemp("tiny_dlm"))
 
 
 QUESTIONS = [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
