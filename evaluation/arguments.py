@@ -22,7 +22,8 @@ from typing import Callable, Iterable, Optional, Sequence
 __all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
-           "load_model", "check_drafter_options", "parse_option_items", "check_option_dict", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
+           "load_model", "check_drafter_options", "parse_option_items", "check_option_dict", "split_specs", "parse_drafter_spec", "option_text",
+           "DRAFTER_SPEC_FORM", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
            "load_checked_model", "EXPECTED_TAU", "expected_tau_on", "check_dynamic_trees"]
 
 BASELINE = "naive"
@@ -573,6 +574,80 @@ def check_drafter_options(items: Sequence[str], drafter: str) -> dict:
         return check_option_dict(drafter, parse_option_items(items))
     except ValueError as e:
         raise UsageError("--drafter-option", " ".join(str(e).split())) from None
+
+
+_KEY_AHEAD = re.compile(r"\s*[A-Za-z_]\w*\s*=")
+
+
+def _comma_cuts(text: str) -> list[tuple[int, bool]]:
+    """Positions of the commas of ``text`` outside brackets, each with whether ``KEY=`` follows it."""
+    cuts, depth = [], 0
+    for i, ch in enumerate(text):
+        if ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            cuts.append((i, bool(_KEY_AHEAD.match(text, i + 1))))
+    return cuts
+
+
+def _cut(text: str, where: list[int]) -> list[str]:
+    bounds = [-1, *where, len(text)]
+    return [text[a + 1:b].strip() for a, b in zip(bounds, bounds[1:])]
+
+
+def split_specs(items: Sequence[str]) -> list[str]:
+    """Split a list of drafter specs given as separate arguments and / or comma lists (``"default,prompt_lookup"``).
+
+    A comma followed by ``KEY=`` (a drafter option or a dynamic tree key, as in ``eagle:eagle2:nodes=24,depth=5``)
+    or inside brackets (``feature_layers=[0,1,2]``) stays in its spec. Empty pieces are dropped.
+    """
+    out = []
+    for item in items:
+        for part in str(item).split():
+            out += [x for x in _cut(part, [i for i, key in _comma_cuts(part) if not key]) if x]
+    return out
+
+
+#: the drafter spec of the benchmarks' command lines (bench_peers --ours, bench_cycle --drafters)
+DRAFTER_SPEC_FORM = "DRAFTER[@KEY=VALUE[,KEY=VALUE...]][:TREE]"
+
+
+def parse_drafter_spec(spec: str) -> tuple[str, dict, Optional[str]]:
+    """``DRAFTER[@KEY=VALUE[,KEY=VALUE...]][:TREE]`` -> ``(drafter, options, tree)`` (nothing checked but the form).
+
+    The drafter is lowercased; the options are read as :func:`parse_option_items` reads ``--drafter-option`` (a
+    VALUE is JSON when it parses; a VALUE may hold commas inside brackets, never ``:``); the tree is everything
+    after the first ``:`` (so ``eagle:eagle2:nodes=24,depth=5,topk=8`` is drafter ``eagle`` on that dynamic
+    tree), None when absent or empty.
+
+    Examples: ``hybrid:2x2``, ``draft_lm@model_path_or_module=JackFram/llama-68m:2x5``,
+    ``eagle3@path=/heads/eagle3,feature_layers=[2,16,29]``, ``eagle:eagle2``.
+
+    Raises:
+        ValueError: an empty drafter name, ``@`` without options, or an option that is not KEY=VALUE (one line).
+    """
+    head, _, tree = str(spec).partition(":")
+    name, at, opts = head.partition("@")
+    name = name.strip().lower()
+    if not name:
+        raise ValueError(f"{spec!r}: no drafter name; use {DRAFTER_SPEC_FORM}")
+    options: dict = {}
+    if at:
+        if not opts.strip():
+            raise ValueError(f"{spec!r}: '@' without options; use {DRAFTER_SPEC_FORM}")
+        options = parse_option_items(_cut(opts, [i for i, key in _comma_cuts(opts) if key]))
+    return name, options, tree.strip() or None
+
+
+def option_text(options: dict) -> str:
+    """``{"a": 1, "b": "x"}`` -> ``"a=1,b=x"`` (text values as they are, others as JSON): the inverse of the
+    options part of :func:`parse_drafter_spec`."""
+    import json
+
+    return ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+                    for k, v in options.items())
 
 
 #: what --quick sets (options given explicitly still win)

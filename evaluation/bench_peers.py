@@ -2,16 +2,24 @@
 
     python -m evaluation.bench_peers [--ours default prompt_lookup eagle:2x5] [--temperature 0]
                                      [--question-set report] [--per-category 5] [--max-new-tokens 128]
+    python -m evaluation.bench_peers --model meta-llama/Llama-2-7b-chat-hf \
+        --ours draft_lm@model_path_or_module=JackFram/llama-68m:2x5     # a draft model, no head needed
 
 Contenders, all on the same model object and the same prompts:
 
 - ``plain``: plain decoding, :meth:`EaModel.naivegenerate` (the reference: ratios are to it);
 - ``hf``: Hugging Face ``generate`` on ``model.base_model``, greedy (``do_sample=False``);
 - ``hf_pld``: Hugging Face prompt-lookup decoding (``generate(..., prompt_lookup_num_tokens=10)``);
-- ours, one per ``--ours`` spec ``drafter[:tree]``: ``default`` = the API defaults
+- ours, one per ``--ours`` spec ``DRAFTER[@KEY=VALUE[,KEY=VALUE...]][:TREE]``
+  (:func:`evaluation.arguments.parse_drafter_spec`): ``default`` = the API defaults
   (``EaModel.eagenerate(ids, temperature=T)``, no tree, drafter or verifier argument at temperature 0), ``eagle``
-  = the EAGLE head on the model's default tree, ``eagle:2x5`` / ``eagle:auto`` on that tree, ``prompt_lookup``
-  (n-gram lookup, it picks its own shape). Default: ``default prompt_lookup``.
+  = the EAGLE head on the model's default tree, ``eagle:2x5`` / ``eagle:auto`` on that tree, ``eagle:eagle2`` /
+  ``eagle:eagle2:nodes=24,depth=5,topk=8`` on an EAGLE-2 dynamic tree (greedy / univer, or temperature 0),
+  ``hybrid:2x2`` (head tree + prompt-lookup chain; options ``@lookup_weight=0.7,depth=8``), ``prompt_lookup``
+  (n-gram lookup, it picks its own shape), ``draft_lm@model_path_or_module=JackFram/llama-68m:2x5`` (a separate
+  draft LM), ``eagle3@path=/heads/eagle3:2x5`` (an EAGLE-3 head). Option values are read as JSON when they parse
+  and may not contain ``:``; a comma followed by ``KEY=`` continues the spec, any other comma starts the next one.
+  Options are checked before anything is loaded; each such drafter is built once. Default: ``default prompt_lookup``.
 
 At ``--temperature`` > 0 only plain decoding and ours run (Hugging Face's samplers draw differently), each call
 seeded per question (:func:`evaluation.gen_answer.call_seed`), ours verified by ``--verifier`` (default univer).
@@ -40,12 +48,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from evaluation.arguments import (OneLineParser, UsageError, check_drafter, check_methods, check_model,
-                                  check_out_dir, check_positive_int, check_question_file, check_sampling, check_tree,
-                                  exit_on_usage_error, load_plugins)
+from evaluation.arguments import (DRAFTER_SPEC_FORM, OneLineParser, UsageError, check_drafter, check_dynamic_trees,
+                                  check_methods, check_model, check_option_dict, check_out_dir, check_positive_int,
+                                  check_question_file, check_sampling, check_tree, exit_on_usage_error, load_plugins,
+                                  option_text, parse_drafter_spec, split_specs)
 
 __all__ = ["PLAIN", "HF", "HF_PLD", "HF_PLD_TOKENS", "DEFAULT_OURS", "Contender", "parse_ours", "contenders_for",
-           "paired_ratio", "run", "summarise", "table", "parse_args", "main"]
+           "build_drafters", "paired_ratio", "run", "summarise", "table", "parse_args", "main"]
 
 PLAIN, HF, HF_PLD = "plain", "hf", "hf_pld"
 #: Hugging Face's prompt-lookup setting compared against (its documented example value)
@@ -65,7 +74,9 @@ class Contender:
         kind: ``plain``, ``hf``, ``hf_pld`` or ``ours``.
         spec: the ``--ours`` spec as given (ours only).
         drafter: drafter name, None = the model's default (ours only).
-        tree: tree spec, None = the model's default or the drafter's own shape (ours only).
+        tree: tree spec (static or EAGLE-2 dynamic), None = the model's default or the drafter's own shape (ours only).
+        options: the drafter's ``for_model`` options, None = none (ours only; such a drafter is built once,
+            :func:`build_drafters`).
     """
 
     key: str
@@ -73,6 +84,7 @@ class Contender:
     spec: Optional[str] = None
     drafter: Optional[str] = None
     tree: Optional[str] = None
+    options: Optional[dict] = None
 
     @property
     def label(self) -> str:
@@ -80,22 +92,29 @@ class Contender:
             return _LABELS[self.kind]
         if self.spec == "default":
             return "ours: API defaults"
-        return f"ours: {self.drafter}" + (f" tree {self.tree}" if self.tree else "")
+        return (f"ours: {self.drafter}" + (f" ({option_text(self.options)})" if self.options else "")
+                + (f" tree {self.tree}" if self.tree else ""))
 
 
 def parse_ours(specs: Sequence[str], temperature: float, verifier: str) -> list[Contender]:
-    """``--ours`` specs ``drafter[:tree]`` (or ``default``) checked against the drafter and tree registries.
+    """``--ours`` specs ``DRAFTER[@KEY=VALUE[,KEY=VALUE...]][:TREE]`` (or ``default``) checked against the drafter
+    and tree registries, without loading anything (:func:`evaluation.arguments.parse_drafter_spec`).
 
     A drafter that picks its own shape (``prompt_lookup``) takes no tree (``:auto`` is accepted and means the
-    same). Duplicates are dropped.
+    same). An EAGLE-2 dynamic tree (``eagle2[:nodes=N,depth=D,topk=K]``) needs a drafter that drafts one and a
+    verifier whose rule keeps it lossless. Options go through the drafter's own check. Duplicates are dropped.
+
+    Returns:
+        The contenders, in the order given; key ``ours:<drafter>[@<options>][:<tree>]``.
 
     Raises:
-        UsageError: ``--ours``: empty, an unknown drafter or tree, a tree for an own-shape drafter, or a
-            drafter that cannot draft under the verifier's rule (both named).
+        UsageError: ``--ours``: empty, a malformed spec, an unknown drafter or tree, options the drafter refuses, a
+            tree for an own-shape drafter, a dynamic tree the drafter or verifier cannot run, or a drafter that
+            cannot draft under the verifier's rule (spec and reason named).
     """
     from eagle.drafters import get_drafter
 
-    flat = [s for item in specs for s in str(item).replace(",", " ").split()]
+    flat = split_specs(specs)
     if not flat:
         raise UsageError("--ours", "empty list")
     out: list[Contender] = []
@@ -103,12 +122,18 @@ def parse_ours(specs: Sequence[str], temperature: float, verifier: str) -> list[
         if spec == "default":
             c = Contender(key="ours:default", kind="ours", spec=spec)
         else:
-            name, _, tree = spec.partition(":")
+            try:
+                name, options, tree = parse_drafter_spec(spec)
+            except ValueError as e:
+                raise UsageError("--ours", str(e)) from None
             try:
                 name = check_drafter(name, [verifier], temperature)
             except UsageError as e:
                 raise UsageError("--ours", f"{spec!r}: {str(e).split(': ', 1)[1]}") from None
-            tree = tree.strip() or None
+            try:
+                options = check_option_dict(name, options)
+            except ValueError as e:
+                raise UsageError("--ours", f"{spec!r}: {' '.join(str(e).split())}") from None
             if not get_drafter(name).uses_tree:
                 if tree not in (None, "auto", "-"):
                     raise UsageError("--ours", f"{spec!r}: drafter {name!r} picks its own shape; give {name!r} "
@@ -117,10 +142,12 @@ def parse_ours(specs: Sequence[str], temperature: float, verifier: str) -> list[
             elif tree is not None:
                 try:
                     tree = check_tree(tree, "--ours")
+                    check_dynamic_trees([("--ours", tree, [verifier])], name, temperature)
                 except UsageError as e:
                     raise UsageError("--ours", f"{spec!r}: {str(e).split(': ', 1)[1]}") from None
-            c = Contender(key=f"ours:{name}" + (f":{tree}" if tree else ""), kind="ours", spec=spec, drafter=name,
-                          tree=tree)
+            c = Contender(key=f"ours:{name}" + (f"@{option_text(options)}" if options else "")
+                          + (f":{tree}" if tree else ""), kind="ours", spec=spec, drafter=name, tree=tree,
+                          options=options or None)
         if c.key not in {o.key for o in out}:
             out.append(c)
     return out
@@ -132,6 +159,18 @@ def contenders_for(ours: Sequence[Contender], temperature: float) -> list[Conten
     if temperature == 0:
         peers += [Contender(HF, HF), Contender(HF_PLD, HF_PLD)]
     return peers + list(ours)
+
+
+def build_drafters(model, contenders: Sequence[Contender]) -> dict:
+    """One drafter instance per contender with options (``{key: Drafter}``; built once, e.g. the draft LM loaded
+    once); contenders without options use the engine's drafter cache by name.
+
+    Raises:
+        ValueError: a drafter that cannot be built for ``model`` (e.g. a draft LM of another vocabulary).
+    """
+    from eagle.drafters import make_drafter
+
+    return {c.key: make_drafter(c.drafter, model, **c.options) for c in contenders if c.kind == "ours" and c.options}
 
 
 def _sync(device) -> None:
@@ -157,8 +196,9 @@ def _hf_generate(model, input_ids, max_new_tokens: int, prompt_lookup: bool):
 
 
 def _call(model, c: Contender, input_ids, *, temperature: float, max_new_tokens: int, seed: int,
-          verifier: str) -> dict:
-    """One timed call of contender ``c``: ``{"new_ids", "seconds", "tau"?, "cycles"?}``."""
+          verifier: str, drafter=None) -> dict:
+    """One timed call of contender ``c`` (``drafter``: its built drafter, None = by name):
+    ``{"new_ids", "seconds", "tau"?, "cycles"?}``."""
     device = getattr(model, "device", "cpu")
     stats = None
     _sync(device)
@@ -172,7 +212,7 @@ def _call(model, c: Contender, input_ids, *, temperature: float, max_new_tokens:
         if temperature > 0:
             kw.update(seed=seed, verifier=verifier)
         if c.spec != "default":
-            kw.update(drafter=c.drafter, tree_choices=c.tree)
+            kw.update(drafter=drafter if drafter is not None else c.drafter, tree_choices=c.tree)
         out, stats = model.eagenerate(input_ids, **kw)
     _sync(device)
     seconds = time.perf_counter() - t0
@@ -212,8 +252,10 @@ def _prompts(model, questions: Sequence[dict], prompt_format=None) -> list:
 
 def run(model, questions: Sequence[dict], contenders: Sequence[Contender], *, temperature: float = 0.0,
         max_new_tokens: int = 128, seed: int = 0, verifier: str = "univer", prompt_format=None,
-        progress: bool = True) -> dict:
+        progress: bool = True, drafters: Optional[dict] = None) -> dict:
     """Warm up each contender, then run every question on every contender (order rotated per question).
+
+    ``drafters``: :func:`build_drafters`' result (default: built here).
 
     Returns ``{"questions": [{"question_id", "category", "prompt_tokens", "results": {key: record}}], ...}``
     with each record ``{"new_ids", "seconds", "new_tokens", "tokens_per_s", "equal"?, "cycles"?, ...}``.
@@ -223,10 +265,11 @@ def run(model, questions: Sequence[dict], contenders: Sequence[Contender], *, te
     from evaluation.gen_answer import call_seed
 
     prompts = _prompts(model, questions, prompt_format)
+    built = build_drafters(model, contenders) if drafters is None else drafters
     load0 = os.getloadavg()
     kw = dict(temperature=temperature, seed=seed, verifier=verifier)
     for c in contenders:  # untimed warm-up (an 'auto' tree is fitted here, once per machine, then cached)
-        _call(model, c, prompts[0], max_new_tokens=min(max_new_tokens, 16), **kw)
+        _call(model, c, prompts[0], max_new_tokens=min(max_new_tokens, 16), drafter=built.get(c.key), **kw)
     records = []
     n = len(contenders)
     with tqdm(total=len(questions) * n, desc="bench_peers", unit="call", disable=not progress,
@@ -237,7 +280,7 @@ def run(model, questions: Sequence[dict], contenders: Sequence[Contender], *, te
             for c in order:
                 bar.set_postfix_str(f"q{q['question_id']} {c.key}", refresh=False)
                 rec = _call(model, c, ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                            seed=call_seed(seed, q["question_id"], 0), verifier=verifier)
+                            seed=call_seed(seed, q["question_id"], 0), verifier=verifier, drafter=built.get(c.key))
                 rec["new_tokens"] = len(rec["new_ids"])
                 rec["tokens_per_s"] = rec["new_tokens"] / max(rec["seconds"], 1e-9)
                 res[c.key] = rec
@@ -324,9 +367,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="default", help="'default' (embedded SmolLM2-135M-Instruct + our head), a "
                                                        "folder or hub id")
     ap.add_argument("--head", default=None, help="EAGLE-1 head folder / hub id (default: the model's default head)")
-    ap.add_argument("--ours", nargs="+", default=list(DEFAULT_OURS),
-                    help="our contenders, drafter[:tree]: default (API defaults), eagle, eagle:2x5, eagle:auto, "
-                         "prompt_lookup, ... (default: default prompt_lookup)")
+    ap.add_argument("--ours", nargs="+", default=list(DEFAULT_OURS), metavar="SPEC",
+                    help=f"our contenders, {DRAFTER_SPEC_FORM}: default (API defaults), eagle, eagle:2x5, eagle:auto, "
+                         "eagle:eagle2 or eagle:eagle2:nodes=24,depth=5,topk=8 (EAGLE-2 dynamic tree), hybrid:2x2, "
+                         "hybrid@lookup_weight=0.7:2x2, prompt_lookup, draft_lm@model_path_or_module=JackFram/"
+                         "llama-68m:2x5, eagle3@path=HEAD_FOLDER:2x5 (option values as JSON when they parse, no ':'; "
+                         "default: default prompt_lookup)")
     ap.add_argument("--temperature", default="0", help="0 (default): every contender; > 0: plain decoding and ours")
     ap.add_argument("--verifier", default="univer", help="our verifier at temperature > 0 (default univer)")
     ap.add_argument("--seed", default="0", help="base seed at temperature > 0 (one engine seed per question)")
@@ -399,15 +445,24 @@ def _main(argv, model=None, prompt_format=None) -> dict:
     if model is None:
         from types import SimpleNamespace
 
+        from eagle.drafters import get_drafter
         from evaluation.arguments import load_checked_model
 
+        # the EAGLE head is loaded unless nothing needs it (e.g. only draft_lm on a model without a head)
+        needs_head = s["model"] == "default" or s["head"] is not None or any(
+            c.spec == "default" or get_drafter(c.drafter).needs_head for c in s["ours"])
         model, prompt_format = load_checked_model(SimpleNamespace(
             model=s["model"], head=s["head"], device=s["device"], dtype=s["dtype"], threads=s["threads"],
-            drafter="eagle", drafter_options={}, draft_vocab="auto", template=None))
+            drafter="eagle" if needs_head else "prompt_lookup", drafter_options={}, draft_vocab="auto", template=None))
     contenders = contenders_for(s["ours"], s["temperature"])
+    try:
+        drafters = build_drafters(model, contenders)
+    except ValueError as e:
+        raise UsageError("--ours", " ".join(str(e).split())) from None
     t0 = time.perf_counter()
     res = run(model, s["questions"], contenders, temperature=s["temperature"], max_new_tokens=s["max_new_tokens"],
-              seed=s["seed"], verifier=s["verifier"], prompt_format=prompt_format, progress=not s["no_progress"])
+              seed=s["seed"], verifier=s["verifier"], prompt_format=prompt_format, progress=not s["no_progress"],
+              drafters=drafters)
     rows = summarise(res, s["bootstrap"])
     from evaluation.gen_answer import git_commit
 

@@ -82,3 +82,105 @@ def test_bad_flag_one_line(tiny, qfile, argv, flag, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("bench_peers: error:") and flag in err, err
+
+
+# ---- every drafter and tree of the engine (issue 50 follow-up) --------------------------------------------------
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory, tiny):
+    """Folders: a tiny EAGLE-3 head for ``tiny`` (fusing its hidden states 0, 1, 2), a draft LM of its vocabulary
+    and one of another vocabulary."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from eagle.testing import tiny_llama_config
+    from test_eagle3 import eagle3_config, random_state, write_checkpoint
+
+    root = tmp_path_factory.mktemp("peer_heads")
+    cfg = eagle3_config(tiny.base_model.config)
+    write_checkpoint(root / "eagle3", cfg, random_state(cfg))
+    torch.manual_seed(3)
+    LlamaForCausalLM(tiny_llama_config(32, 32, 1)).save_pretrained(root / "draft")
+    LlamaForCausalLM(tiny_llama_config(16, 32, 1)).save_pretrained(root / "draft16")
+    return root
+
+
+def test_parse_ours_names_every_drafter_and_dynamic_trees(heads):
+    e3 = f"eagle3@path={heads / 'eagle3'},feature_layers=[0,1,2]:2x2"
+    ours = B.parse_ours(["default,hybrid@lookup_weight=0.75,depth=4:2x2", "hybrid", "eagle:eagle2",
+                         "eagle:eagle2:nodes=6,depth=3,topk=2,prompt_lookup@depth=4",
+                         "draft_lm@model_path_or_module=org/x:chain2", e3, "hybrid@depth=4,lookup_weight=0.75:2x2"],
+                        0.0, "univer")
+    got = [(c.key, c.drafter, c.options, c.tree) for c in ours]
+    assert got == [
+        ("ours:default", None, None, None),
+        ("ours:hybrid@lookup_weight=0.75,depth=4:2x2", "hybrid", {"lookup_weight": 0.75, "depth": 4}, "2x2"),
+        ("ours:hybrid", "hybrid", None, None),
+        ("ours:eagle:eagle2", "eagle", None, "eagle2"),
+        ("ours:eagle:eagle2:nodes=6,depth=3,topk=2", "eagle", None, "eagle2:nodes=6,depth=3,topk=2"),
+        ("ours:prompt_lookup@depth=4", "prompt_lookup", {"depth": 4}, None),
+        ("ours:draft_lm@model_path_or_module=org/x:chain2", "draft_lm", {"model_path_or_module": "org/x"}, "chain2"),
+        (f"ours:eagle3@path={heads / 'eagle3'},feature_layers=[0,1,2]:2x2", "eagle3",
+         {"path": str(heads / "eagle3"), "feature_layers": [0, 1, 2]}, "2x2"),
+        ("ours:hybrid@depth=4,lookup_weight=0.75:2x2", "hybrid", {"depth": 4, "lookup_weight": 0.75}, "2x2")]
+    assert ours[6].label == "ours: draft_lm (model_path_or_module=org/x) tree chain2"
+    # at temperature 1 a dynamic tree needs a verifier drafting top-k (univer / greedy)
+    assert B.parse_ours(["eagle:eagle2"], 1.0, "greedy")[0].tree == "eagle2"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--ours", "hybrid:eagle2"], "static trees only"),
+    (["--temperature", "1", "--verifier", "rrsw", "--ours", "eagle:eagle2"], "'rrsw'"),
+    (["--ours", "eagle:eagle2:nodes=0"], "malformed dynamic tree"),
+    (["--ours", "draft_lm"], "needs model_path_or_module"),
+    (["--ours", "draft_lm@dtype"], "KEY=VALUE"),
+    (["--ours", "draft_lm@:2x2"], "'@' without options"),
+    (["--ours", "prompt_lookup@size=2"], "no option"),
+    (["--ours", "eagle@depth=2"], "no option"),
+    (["--ours", "eagle3@path=/no/such/head:2x2"], "does not exist"),
+    (["--ours", "eagle3:2x2"], "needs the EAGLE-3 head"),
+    (["--ours", "@x=1"], "no drafter name"),
+])
+def test_bad_drafter_specs_fail_in_one_line(tiny, qfile, argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        B.main(["--question-file", str(qfile), "--question-set", "all", *argv], model=tiny)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bench_peers: error: --ours:"), err
+    assert words in err, err
+
+
+def test_peer_table_with_every_drafter(tiny, heads, qfile, tmp_path, monkeypatch):
+    """hybrid, an EAGLE-2 dynamic tree, a draft LM (built once) and an EAGLE-3 head: every output equals plain
+    greedy decoding at temperature 0; at temperature 1 the dynamic tree runs under univer."""
+    from eagle.drafters import DraftLMDrafter
+
+    built = []
+    real = DraftLMDrafter.for_model.__func__
+    monkeypatch.setattr(DraftLMDrafter, "for_model",
+                        classmethod(lambda cls, *a, **k: built.append(1) or real(cls, *a, **k)))
+    ours = ["hybrid:2x2", "eagle:eagle2:nodes=6,depth=3,topk=2", f"draft_lm@model_path_or_module={heads / 'draft'}:2x2",
+            f"eagle3@path={heads / 'eagle3'},feature_layers=[0,1,2]:chain2"]
+    common = ["--question-file", str(qfile), "--question-set", "all", "--per-category", "1", "--bootstrap", "20",
+              "--no-progress"]
+    doc = B.main(["--ours", *ours, "--max-new-tokens", "10", "--out", str(tmp_path / "t0.json"), *common], model=tiny)
+    rows = {r["key"]: r for r in doc["rows"]}
+    assert list(rows)[3:] == ["ours:hybrid:2x2", "ours:eagle:eagle2:nodes=6,depth=3,topk=2",
+                              f"ours:draft_lm@model_path_or_module={heads / 'draft'}:2x2",
+                              f"ours:eagle3@path={heads / 'eagle3'},feature_layers=[0,1,2]:chain2"]
+    n = len(QUESTIONS)
+    for key, r in rows.items():
+        assert r["equal"] == n, key
+        assert key.startswith("ours") == (r["tau"] is not None) and (r["tau"] or 1) >= 1
+    assert len(built) == 1                                     # the draft LM was loaded once for every call
+    assert doc["contenders"][5]["options"] == {"model_path_or_module": str(heads / "draft")}
+    doc = B.main(["--temperature", "1", "--ours", "eagle:eagle2:nodes=6,depth=3,topk=2", "hybrid:2x2",
+                  "--max-new-tokens", "6", "--out", str(tmp_path / "t1.json"), *common], model=tiny)
+    assert [r["key"] for r in doc["rows"]] == ["plain", "ours:eagle:eagle2:nodes=6,depth=3,topk=2", "ours:hybrid:2x2"]
+    assert all(r["tau"] >= 1 for r in doc["rows"][1:])
+
+
+def test_a_drafter_that_cannot_be_built_fails_in_one_line(tiny, heads, qfile, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        B.main(["--ours", f"draft_lm@model_path_or_module={heads / 'draft16'}", "--question-file", str(qfile),
+                "--question-set", "all", "--out", str(tmp_path / "x.json")], model=tiny)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and err.startswith("bench_peers: error: --ours:") and "vocabulary" in err, err
