@@ -5,7 +5,13 @@
                                      [--drafters eagle,prompt_lookup]
 
 ``--drafters``: every drafter runs every method; a drafter that picks its own tree shape
-(``prompt_lookup``) runs once per method and temperature (tree ``-``, no draft vocabulary).
+(``prompt_lookup``) runs once per method and temperature (tree ``-``, no draft vocabulary). A drafter is named
+``DRAFTER[@KEY=VALUE[,KEY=VALUE...]]`` (options as ``--drafter-option`` reads them, checked before any work, the
+drafter built once), e.g. ``--drafters eagle,hybrid,draft_lm@model_path_or_module=JackFram/llama-68m,
+eagle3@path=/heads/eagle3``; the draft-vocabulary variants apply to the drafters of the model's EAGLE head only.
+``--trees`` takes EAGLE-2 dynamic trees too (``eagle2``, ``eagle2:nodes=24,depth=5,topk=8``: a comma followed by
+``KEY=`` stays in its tree); they run with the drafters that draft them (``eagle``) under the methods whose drafting
+rule keeps them lossless (temperature 0, greedy, univer); the other combinations are listed as skipped.
 
 Every configuration (tree x method x temperature x draft vocabulary x fast CPU linears) and plain
 decoding (same fast-CPU setting) run ``--new-tokens`` tokens on each of ``--contexts`` fixed contexts
@@ -147,12 +153,16 @@ def run(args) -> dict:
     def setup(fast: bool, dv: bool):
         model.set_fast_cpu(fast)
         model.ea_layer.set_draft_vocab(d2t_file if dv else None)
+        for d in instances.values():  # drafters built here are not in the model's own list
+            d.refresh(model)
 
-    from eagle.drafters import get_drafter
+    from eagle.drafters import get_drafter, make_drafter
 
-    tree_drafters = [d for d in args.drafters if get_drafter(d).uses_tree]
-    own_shape_drafters = [d for d in args.drafters if not get_drafter(d).uses_tree]
-    configs, auto_info, predicted, autotree_contexts = [], {}, {}, []
+    # drafters with options: built once (a draft LM loaded once); the others by name (the engine's cache)
+    instances = {d["label"]: make_drafter(d["name"], model, **d["options"]) for d in args.drafters if d["options"]}
+    tree_drafters = [d for d in args.drafters if get_drafter(d["name"]).uses_tree]
+    own_shape_drafters = [d for d in args.drafters if not get_drafter(d["name"]).uses_tree]
+    configs, auto_info, predicted, autotree_contexts, skipped = [], {}, {}, [], []
     for fast in fast_variants:
         for temp in args.temperatures:
             for tree in args.trees:
@@ -169,13 +179,20 @@ def run(args) -> dict:
                                                                                  contexts=autotree_contexts)
                         predicted[(fast, temp, dv)] = _predicted(model, temp)
                     for method in args.methods:
-                        for drafter in tree_drafters:
+                        for d in tree_drafters:
+                            if dv and not get_drafter(d["name"]).needs_head:
+                                continue  # its own head / draft model: the EAGLE head's draft vocabulary is not used
+                            why = dynamic_refusal(tree, d["name"], method, temp)
+                            if why:
+                                if fast == fast_variants[0] and not dv:
+                                    skipped.append(f"{d['label']} on {tree}, {method} at T={temp:g}: {why}")
+                                continue
                             configs.append({"tree": tree, "method": method, "temperature": temp, "draft_vocab": dv,
-                                            "fast_cpu": fast, "drafter": drafter})
+                                            "fast_cpu": fast, "drafter": d["label"], "drafter_name": d["name"]})
             for method in args.methods:
-                for drafter in own_shape_drafters:
+                for d in own_shape_drafters:
                     configs.append({"tree": "-", "method": method, "temperature": temp, "draft_vocab": False,
-                                    "fast_cpu": fast, "drafter": drafter})
+                                    "fast_cpu": fast, "drafter": d["label"], "drafter_name": d["name"]})
     results = {i: [] for i in range(len(configs))}
     naive = {(f, t): [] for f in fast_variants for t in args.temperatures}
     prefills = {f: [] for f in fast_variants}
@@ -196,7 +213,7 @@ def run(args) -> dict:
                 tree = auto_info[key] if c["tree"] == "auto" else None if c["tree"] == "-" else c["tree"]
                 runs = [model.eagenerate(ctx, temperature=c["temperature"], max_new_tokens=args.new_tokens,
                                          tree_choices=tree, verifier=c["method"], seed=r, return_stats=True,
-                                         drafter=c["drafter"])[1]
+                                         drafter=instances.get(c["drafter"], c["drafter_name"]))[1]
                         for ctx in contexts]
                 if not warm:
                     results[i].append(_per_cycle(runs, prefill))
@@ -212,6 +229,7 @@ def run(args) -> dict:
                                                 "tokens_per_s": sum(st["new_tokens"] for st in runs) / wall})
     load1 = os.getloadavg()
     from eagle.tree import build_tree
+    from eagle.tree.dynamic import parse_dynamic_tree
 
     rows = []
     for i, c in enumerate(configs):
@@ -221,7 +239,9 @@ def run(args) -> dict:
         med = {k: statistics.median(x[k] for x in res) for k in res[0]}
         key = (c["fast_cpu"], c["temperature"], c["draft_vocab"])
         choices = auto_info[key] if c["tree"] == "auto" else c["tree"]
-        row = {**c, "nodes": None if c["tree"] == "-" else build_tree(choices).num_nodes - 1, "decode_step_s": step,
+        dyn = parse_dynamic_tree(choices) if isinstance(choices, str) else None
+        nodes = None if c["tree"] == "-" else dyn.nodes if dyn is not None else build_tree(choices).num_nodes - 1
+        row = {**c, "nodes": nodes, "decode_step_s": step,
                "parts_s": {p: med[p] for p in PARTS}, "cycle_s": med["cycle"],
                "parts_steps": {p: med[p] / step for p in PARTS}, "cycle_steps": med["cycle"] / step,
                "tau": med["tau"], "tokens_per_s": med["tokens_per_s"],
@@ -239,7 +259,7 @@ def run(args) -> dict:
         for t in args.temperatures:
             ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(naive[(True, t)], naive[(False, t)])]
             naive_rows[f"fast_cpu={True} T={t:g}"]["speedup_over_eager"] = statistics.median(ratios)
-    return {"rows": rows, "naive": naive_rows,
+    return {"rows": rows, "naive": naive_rows, "skipped": skipped,
             "prefill_s": {str(f): statistics.median(v) for f, v in prefills.items() if v},
             "context_tokens": int(contexts[0].shape[1]), "contexts": len(contexts), "new_tokens": args.new_tokens,
             "rounds": args.rounds,
@@ -248,6 +268,24 @@ def run(args) -> dict:
             "loadavg_before": load0, "loadavg_after": load1, "machine": platform.platform(),
             "cpu": _cpu(), "cpus": os.cpu_count(), "torch": torch.__version__,
             "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "argv": sys.argv[1:]}
+
+
+def dynamic_refusal(tree, drafter: str, method: str, temperature: float) -> str | None:
+    """Why ``drafter`` cannot run the EAGLE-2 dynamic ``tree`` under ``method`` at ``temperature`` (one line), or
+    None (a static tree, or an allowed combination: :func:`eagle.tree.dynamic.check_dynamic_tree`)."""
+    from eagle.drafters import get_drafter
+    from eagle.tree.dynamic import check_dynamic_tree, parse_dynamic_tree
+    from eagle.verify.registry import select_verifier
+
+    dyn = parse_dynamic_tree(tree) if isinstance(tree, str) else None
+    if dyn is None:
+        return None
+    v = select_verifier(method, temperature)
+    try:
+        check_dynamic_tree(dyn, get_drafter(drafter), v.drafting, v.name)
+    except ValueError as e:
+        return " ".join(str(e).split())
+    return None
 
 
 def _cpu() -> str:
@@ -298,6 +336,9 @@ def table(res: dict) -> str:
                  f"{res['new_tokens']} new tokens, {res['rounds']} rounds, {res['threads']} thread(s), "
                  f"load average {res['loadavg_before'][0]:.2f} -> {res['loadavg_after'][0]:.2f}, {res['utc']} UTC"
                  + (f", draft vocabulary K={res['draft_vocab_k']}" if res["draft_vocab_k"] else "") + ".")
+    if res.get("skipped"):
+        lines.append("")
+        lines.append("Not run (dynamic trees): " + "; ".join(res["skipped"]) + ".")
     return "\n".join(lines)
 
 
@@ -306,10 +347,15 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="'default', 'tiny' (smoke test), a folder or hub id")
     ap.add_argument("--head", default=None, help="head folder / hub id (default: the model's default head)")
-    ap.add_argument("--trees", default="chain4,mc_sim_7b_63,2x5", help="comma list; 'auto' = the fitted tree")
+    ap.add_argument("--trees", default="chain4,mc_sim_7b_63,2x5",
+                    help="comma list; 'auto' = the fitted tree; eagle2 or eagle2:nodes=N,depth=D,topk=K = an EAGLE-2 "
+                         "dynamic tree (drafter eagle; greedy / univer or temperature 0)")
     ap.add_argument("--methods", default="rrsw", help="comma list of verifiers")
     ap.add_argument("--drafters", "--drafter", default="eagle",
-                    help="comma list of drafters (eagle, prompt_lookup, plug-ins'); default eagle")
+                    help="comma list of drafters, each DRAFTER[@KEY=VALUE[,KEY=VALUE...]] (values as JSON when they "
+                         "parse, no ':'): eagle, hybrid, hybrid@lookup_weight=0.7, prompt_lookup, "
+                         "draft_lm@model_path_or_module=JackFram/llama-68m, eagle3@path=HEAD_FOLDER, plug-ins'; "
+                         "default eagle")
     ap.add_argument("--temperatures", default="0", help="comma list, e.g. 0,1")
     ap.add_argument("--draft-vocab", default="off", choices=("off", "on", "both"),
                     help="run without / with the head's draft vocabulary (both: paired)")
@@ -329,14 +375,38 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="output path without extension (default runs/bench_cycle/<UTC>)")
     args = ap.parse_args(argv)
-    args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+    from evaluation.arguments import (UsageError, check_option_dict, check_tree, load_plugins, option_text,
+                                      parse_drafter_spec, split_specs)
+
+    args.trees = split_specs([args.trees])
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    args.drafters = [d.strip().lower() for d in args.drafters.split(",") if d.strip()]
     from eagle.drafters import available_drafters
 
-    unknown = [d for d in args.drafters if d not in available_drafters()]
-    if unknown or not args.drafters:
-        ap.error(f"--drafters: unknown {unknown or args.drafters}; use some of {available_drafters()}")
+    drafters = []
+    for spec in split_specs([args.drafters]):
+        try:
+            name, options, tree = parse_drafter_spec(spec)
+        except ValueError as e:
+            ap.error(f"--drafters: {e}")
+        if tree is not None:
+            ap.error(f"--drafters: {spec!r}: give the trees with --trees, not after the drafter")
+        if name not in available_drafters():
+            ap.error(f"--drafters: unknown {name!r}; use some of {available_drafters()}")
+        try:
+            options = check_option_dict(name, options)
+        except ValueError as e:
+            ap.error(f"--drafters: {spec!r}: {' '.join(str(e).split())}")
+        label = name + (f"@{option_text(options)}" if options else "")
+        if label not in [d["label"] for d in drafters]:
+            drafters.append({"label": label, "name": name, "options": options})
+    if not drafters:
+        ap.error(f"--drafters: empty; use some of {available_drafters()}")
+    args.drafters = drafters
+    for t in args.trees:
+        try:
+            check_tree(t, "--trees")
+        except UsageError as e:
+            ap.error(str(e))
     try:
         args.temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
     except ValueError:
@@ -346,6 +416,20 @@ def parse_args(argv=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if not args.trees or not args.methods or not args.temperatures:
         ap.error("--trees, --methods and --temperatures must not be empty")
+    load_plugins([])
+    from eagle.verify.registry import select_verifier
+
+    for m in args.methods:
+        for t in args.temperatures:
+            try:
+                select_verifier(m, t)
+            except ValueError as e:
+                ap.error(f"--methods: {' '.join(str(e).split())}")
+    for t in args.trees:  # a dynamic tree must run somewhere (the other combinations are skipped, and listed)
+        if all(dynamic_refusal(t, d["name"], m, temp) for d in args.drafters for m in args.methods
+               for temp in args.temperatures):
+            why = dynamic_refusal(t, args.drafters[0]["name"], args.methods[0], args.temperatures[0])
+            ap.error(f"--trees: {t!r} runs with none of the drafters / methods / temperatures given ({why})")
     return args
 
 

@@ -49,3 +49,66 @@ def test_bench_cycle_arguments():
         parse_args(["--rounds", "0"])
     a = parse_args(["--trees", "auto, 2x5", "--methods", "rrsw,univer"])
     assert a.trees == ["auto", "2x5"] and a.methods == ["rrsw", "univer"] and a.fast_cpu == "on"
+
+
+# ---- every drafter (with options) and EAGLE-2 dynamic trees (issue 50 follow-up) --------------------------------
+def test_bench_cycle_parses_drafter_options_and_dynamic_trees():
+    a = parse_args(["--trees", "chain2,eagle2:nodes=6,depth=3,topk=2,eagle2", "--methods", "rrsw,univer",
+                    "--temperatures", "0,1", "--drafters",
+                    "eagle,hybrid@lookup_weight=0.7,depth=4,draft_lm@model_path_or_module=org/x,eagle,prompt_lookup"])
+    assert a.trees == ["chain2", "eagle2:nodes=6,depth=3,topk=2", "eagle2"]
+    assert a.drafters == [{"label": "eagle", "name": "eagle", "options": {}},
+                          {"label": "hybrid@lookup_weight=0.7,depth=4", "name": "hybrid",
+                           "options": {"lookup_weight": 0.7, "depth": 4}},
+                          {"label": "draft_lm@model_path_or_module=org/x", "name": "draft_lm",
+                           "options": {"model_path_or_module": "org/x"}},
+                          {"label": "prompt_lookup", "name": "prompt_lookup", "options": {}}]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--drafters", "draft_lm"], "--drafters: 'draft_lm': drafter 'draft_lm' needs model_path_or_module"),
+    (["--drafters", "eagle:2x2"], "--drafters: 'eagle:2x2': give the trees with --trees"),
+    (["--drafters", "nonesuch"], "--drafters: unknown 'nonesuch'"),
+    (["--drafters", "eagle3@path=/no/such/head"], "does not exist"),
+    (["--trees", "bogus"], "--trees: unknown tree"),
+    (["--trees", "eagle2:nodes=0"], "--trees: malformed dynamic tree"),
+    (["--trees", "eagle2", "--drafters", "hybrid,prompt_lookup"], "--trees: 'eagle2' runs with none"),
+    (["--trees", "eagle2", "--methods", "rrsw", "--temperatures", "1"], "--trees: 'eagle2' runs with none"),
+    (["--methods", "nonesuch"], "--methods:"),
+])
+def test_bench_cycle_refuses_bad_drafters_and_trees(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1].count("error:") == 1 and words in err, err
+
+
+def test_bench_cycle_tiny_every_drafter_and_a_dynamic_tree(tmp_path):
+    """hybrid, a draft LM and an EAGLE-3 head (each with options) on a static tree, and the EAGLE-2 dynamic tree
+    with the head drafter under univer; the combinations a dynamic tree cannot run are listed, not run."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from eagle.testing import tiny_llama_config
+    from test_eagle3 import eagle3_config, random_state, write_checkpoint
+
+    cfg = eagle3_config(tiny_llama_config(64, 32, 2))
+    write_checkpoint(tmp_path / "eagle3", cfg, random_state(cfg))
+    torch.manual_seed(2)
+    LlamaForCausalLM(tiny_llama_config(64, 32, 1)).save_pretrained(tmp_path / "draft")
+    dlm = f"draft_lm@model_path_or_module={tmp_path / 'draft'}"
+    e3 = f"eagle3@path={tmp_path / 'eagle3'},feature_layers=[0,1,2]"
+    out = tmp_path / "bc"
+    res = main(["--model", "tiny", "--trees", "chain2,eagle2:nodes=6,depth=3,topk=2", "--methods", "rrsw,univer",
+                "--temperatures", "1", "--drafters", f"eagle,hybrid@lookup_weight=0.75,{dlm},{e3}",
+                "--draft-vocab", "off", "--fast-cpu", "off", "--new-tokens", "4", "--rounds", "1", "--no-warmup",
+                "--context-tokens", "12", "--out", str(out)])
+    got = [(r["drafter"], r["tree"], r["method"]) for r in res["rows"]]
+    labels = ["eagle", "hybrid@lookup_weight=0.75", dlm, e3]
+    assert got == [(d, "chain2", m) for m in ("rrsw", "univer") for d in labels] + [
+        ("eagle", "eagle2:nodes=6,depth=3,topk=2", "univer")]
+    for r in res["rows"]:
+        assert r["tau"] >= 1 and r["speedup"] > 0 and r["nodes"] == (2 if r["tree"] == "chain2" else 6)
+    assert len(res["skipped"]) == 4 + 3 and all("eagle2:nodes=6,depth=3,topk=2" in x for x in res["skipped"])
+    text = out.with_suffix(".md").read_text()
+    assert "Not run (dynamic trees):" in text and f"| {dlm} | chain2 | univer |" in text
