@@ -52,3 +52,21 @@ def test_docstring_holds_the_same_example():
     doc = eagle.drafters.__doc__
     for line in inspect.getsource(RepeatLast).splitlines():
         assert line.strip().replace('"""', '') in doc.replace('"""', '')
+
+
+def test_readme_block_runs():
+    """The README's 'Drafters' python block, executed as written on a tiny model (``m``, ``ids`` given)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Drafters"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    m = tiny_ea_model(vocab_size=32, seed=0)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    ns = {"m": m, "ids": ids}
+    try:
+        exec(compile(block, "README.md (Drafters)", "exec"), ns)
+        assert torch.equal(ns["out"], m.naivegenerate(ids, temperature=0.0, max_new_tokens=64))
+    finally:
+        unregister_drafter("repeat_last")
