@@ -262,3 +262,23 @@ def test_cli_runs_exact_tau_on_a_dynamic_tree(tiny, tmp_path, monkeypatch):
     assert ex["tree"] == DYN and ex["n_contexts"] > 2 and [r["method"] for r in ex["rows"]] == ["greedy", "univer"]
     assert all(r["avg_tau"]["mean"] >= 1.0 for r in ex["rows"])
     assert (tmp_path / "o" / "exact_tau.md").read_text().startswith("Exact expected τ")
+
+
+def test_shared_prefill_passes_an_eagle3_drafters_fused_features(tmp_path):
+    """The shared prefill asks the target for the hidden states the drafter declares (EAGLE-3: three layers
+    fused), so its trees equal separate ``tree_laws`` calls."""
+    from eagle.model.ea_model import EaModel
+    from test_eagle3 import PROMPT as P3, eagle3_config, random_state, target, write_checkpoint
+
+    base = target()
+    cfg = eagle3_config(base.config)
+    write_checkpoint(tmp_path / "e3", cfg, random_state(cfg))
+    m = EaModel(base, None, drafter="eagle3", drafter_options={"path": str(tmp_path / "e3")})
+    ids = torch.cat([P3, torch.tensor([[6, 2]])], 1)
+    specs = [("2x2", "topk_residual", 1), ("chain3", "wor", 2)]
+    shared = list(X.tree_laws_shared(m, ids, [(t, r, torch.Generator().manual_seed(s)) for t, r, s in specs],
+                                     temperature=1.0))
+    for (t, r, s), got in zip(specs, shared):
+        ref = m.tree_laws(ids, tree_choices=t, drafting=r, temperature=1.0, generator=torch.Generator().manual_seed(s))
+        for k in ("parents", "tokens", "depth", "target_probs", "draft_probs"):
+            assert torch.equal(getattr(got, k), getattr(ref, k)), (t, k)
