@@ -19,7 +19,11 @@ i.e. with the tokenizer's special tokens such as BOS); chat-template prompts are
 tokenised without extra special tokens (the template writes them).
 
 ``fschat`` is installed with ``--no-deps`` (``scripts/install.sh``): ``fastchat.conversation`` needs
-only the standard library, while the package's declared dependencies are a web-server stack.
+only the standard library, while the package's declared dependencies are a web-server stack. Where
+``fschat`` is not installed (e.g. a GPU machine with only torch and transformers), ``vicuna_v1.1`` alone
+is still available from a built-in copy of FastChat 0.2.36's definition (:data:`BUILTIN_TEMPLATES`, the
+same prompt byte for byte; the format's ``source`` then says ``built-in``); other FastChat names
+need the package.
 """
 from __future__ import annotations
 
@@ -27,14 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["CHAT_TEMPLATE", "KNOWN_FAMILIES", "FSCHAT_HINT", "PromptFormat", "fastchat_template_names",
-           "check_template_name", "family_template", "local_chat_template_known", "choose_format"]
+__all__ = ["CHAT_TEMPLATE", "KNOWN_FAMILIES", "FSCHAT_HINT", "BUILTIN_TEMPLATES", "BUILTIN_SOURCE", "PromptFormat",
+           "fastchat_template_names", "fschat_installed", "render_builtin", "check_template_name", "family_template",
+           "local_chat_template_known", "choose_format"]
 
 #: ``--template`` value that means "the tokenizer's own chat template"
 CHAT_TEMPLATE = "chat_template"
 #: (substring of the lower-cased model name or path, FastChat template) for models without a chat template
 KNOWN_FAMILIES = (("vicuna", "vicuna_v1.1"),)
 FSCHAT_HINT = "pip install --no-deps fschat==0.2.36"
+#: FastChat templates available without fschat: name -> (system message, (user role, assistant role), sep,
+#: sep2), FastChat 0.2.36's ``SeparatorStyle.ADD_COLON_TWO`` definitions copied as they are
+BUILTIN_TEMPLATES = {
+    "vicuna_v1.1": ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                    "helpful, detailed, and polite answers to the user's questions.", ("USER", "ASSISTANT"), " ",
+                    "</s>"),
+}
+#: ``PromptFormat.source`` of a built-in template
+BUILTIN_SOURCE = "built-in (FastChat 0.2.36's definition; fschat not installed)"
 
 
 def _conversation_module():
@@ -43,6 +57,38 @@ def _conversation_module():
     except ImportError as e:  # pragma: no cover - fschat is installed by scripts/install.sh
         raise ModuleNotFoundError(f"FastChat templates need the package fschat; install it with: {FSCHAT_HINT}") from e
     return conv
+
+
+def fschat_installed() -> bool:
+    """Whether ``fastchat.conversation`` can be imported."""
+    try:
+        _conversation_module()
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
+def render_builtin(name: str, messages: Sequence[dict]) -> str:
+    """Prompt text of ``messages`` in the built-in copy of FastChat template ``name`` (FastChat's
+    ``ADD_COLON_TWO`` rule: ``system sep`` then ``ROLE: message`` followed by sep / sep2 alternately, and
+    ``ASSISTANT:`` for the generation prompt).
+
+    Raises:
+        KeyError: ``name`` is not in :data:`BUILTIN_TEMPLATES`.
+        ValueError: a role other than ``user`` / ``assistant``.
+    """
+    system, roles, sep, sep2 = BUILTIN_TEMPLATES[name]
+    turns = []
+    for m in messages:
+        role = {"user": roles[0], "assistant": roles[1]}.get(m["role"])
+        if role is None:
+            raise ValueError(f"message role must be 'user' or 'assistant', got {m['role']!r}")
+        turns.append((role, m["content"]))
+    turns.append((roles[1], None))
+    out = system + sep
+    for i, (role, message) in enumerate(turns):
+        out += f"{role}: {message}{(sep, sep2)[i % 2]}" if message else f"{role}:"
+    return out
 
 
 def fastchat_template_names() -> list[str]:
@@ -57,7 +103,7 @@ def check_template_name(name: str) -> str:
         ValueError: an unknown name (the message lists a few known ones).
         ModuleNotFoundError: ``fschat`` is not installed (the message says how to install it).
     """
-    if name == CHAT_TEMPLATE:
+    if name == CHAT_TEMPLATE or (name in BUILTIN_TEMPLATES and not fschat_installed()):
         return name
     names = fastchat_template_names()
     if name not in names:
@@ -118,6 +164,8 @@ class PromptFormat:
         with a user turn) followed by the assistant's generation prompt."""
         if self.is_chat_template:
             return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        if self.name in BUILTIN_TEMPLATES and not fschat_installed():
+            return render_builtin(self.name, messages)
         conv = _conversation_module().get_conv_template(self.name)
         for m in messages:
             role = {"user": conv.roles[0], "assistant": conv.roles[1]}.get(m["role"])
@@ -139,6 +187,8 @@ class PromptFormat:
 
 
 def _fschat_source() -> str:
+    if not fschat_installed():
+        return BUILTIN_SOURCE
     try:
         from importlib.metadata import version
 
