@@ -1,51 +1,83 @@
-"""GPU check of the engine and the verifiers (issue 11, item 6): one NVIDIA GPU, no internet, <= 5 minutes.
+"""GPU check of the engine, the verifiers and the harness (issues 11 and 49, item 6): one NVIDIA GPU, no
+internet, only torch + transformers installed, <= 5 minutes.
 
     bash scripts/device_check.sh              # on a CUDA machine (writes $OUT or runs/device_check/)
     bash scripts/device_check.sh --dry-run    # tiny shapes on the CPU (what the test suite runs)
 
 Every model is built in place on the device with random weights (the Vicuna-7B-shaped float16 target is
 created directly on the GPU: no CPU initialisation, no download). Checks, each recorded as ok / failed
-with its numbers:
+with its numbers (p-values are Pearson chi-square without scipy; cells expected below 5 pooled):
 
-1. ``verifier_laws``: every registered verifier's (``argmax`` included) exact outcome law on the device, float32 and
-   float16 laws, against the same law computed on the CPU in float64 (the CPU law is the one the test
-   suite proves exact by enumeration); then sampled ``verify`` outcomes on the device (uniforms drawn
-   with a device generator) against that law (Pearson chi-square, p > 1e-4).
-2. ``temperature0``: tiny float32 model on the device, ``eagenerate`` == ``naivegenerate`` token for
-   token (trees 2x5, mc_sim_7b_63, chain4); float16 equality counted and reported (near-ties may split).
-3. ``temperature1_law``: the law of the first two generated tokens of a tiny model on the device equals
-   the target's (chi-square, p > 1e-3), every verifier.
-4. ``seeded_eagenerate``: every verifier at temperature 1 with a seed, twice: same output; tiny model and
-   the 7B-shaped float16 model.
-5. ``bench_verify``: ``evaluation.bench_verify`` on the device (quick, V = 32000).
+1. ``verifier_laws``: every registered verifier's (``argmax`` included) exact outcome law on the device, in
+   float32, float16 and bfloat16 (bfloat16 skipped with the reason where the device has none), against the
+   same law computed on the CPU in float64 (the law the test suite proves exact by enumeration); then
+   sampled ``verify`` outcomes on the device (uniforms drawn with a device generator) against that law
+   (p > 1e-4).
+2. ``sync_counts``: host reads per decoding cycle (``eagle.host_reads``, the counter of
+   ``tests/test_sync_count.py``), engine included, for every verifier at temperature 1 and ``argmax`` at
+   temperature 0 on 2x5 and mc_sim_7b_63 (tiny float32 model on the device, 24 new tokens (12 in the dry run),
+   caches warmed by the same call first):
+   at most 8 per cycle (``--sync-bound``); on CUDA also the synchronisations reported by
+   ``torch.cuda.set_sync_debug_mode("warn")``, same bound.
+3. ``temperature0``: tiny model on the device, ``eagenerate`` == ``naivegenerate`` token for token in float32
+   (trees 2x5, mc_sim_7b_63, chain4; float16 equality counted and reported, near-ties may split), and in
+   float32 with a draft vocabulary (a head with ``d2t``: every other token, and one token, which prunes
+   every drafted sibling) on 2x5 and mc_sim_7b_63; pruned trees counted (must be > 0).
+4. ``temperature1_law``: the law of the first two generated tokens of a tiny model (V = 8) on the device
+   equals the target's exact law (p > 1e-4), every verifier, in float32, float16 and bfloat16 (target
+   law computed in the same dtype; bfloat16 skipped with the reason where unsupported), with a draft
+   vocabulary that leaves out the target's most likely first token and two more, and with pruned trees
+   (4x2 with top-k 3 and with top-p 0.4: drafted nodes the processed draft law cannot fill are dropped;
+   pruned trees counted, must be > 0; the law is then the processed target's).
+5. ``seeded_tiny`` / ``seeded_7b``: every verifier at temperature 1 with a seed, twice: same output; tiny
+   model and the 7B-shaped float16 model.
 6. ``cycle_7b``: Vicuna-7B-shaped float16 target (random weights) + matching EAGLE-1 head, a 512-token
-   context: time of one draft, one tree forward and one verification step per method, on 2x5 and
-   mc_sim_7b_63, each the median of CUDA-event timings.
-7. ``head_training``: the head-training route (:mod:`eagle.train`) on the device: batched greedy
+   context, on 2x5 and mc_sim_7b_63: one plain decode step (one token through the target + its draw, ms),
+   the time of one draft, one tree forward and one verification step per method (medians of CUDA-event
+   timings, ms) with the ratio UniVer / RRSw of the verify step (the paper's claim: about 1), and the
+   engine's mean cycle time per method (``eagenerate`` from that context, (wall - prefill) / cycles, ms)
+   as a multiple of the decode step.
+7. ``harness_e2e``: the harness's main job (``evaluation.specbench.run_job`` after the harness's own
+   argument checks) on the 7B-shaped model with a Llama tokenizer built offline (a BPE with byte fallback
+   trained in memory by the ``tokenizers`` library, ``LlamaTokenizerFast``, exactly the model's vocabulary
+   size), the ``vicuna_v1.1`` prompt (chosen by the model family; FastChat's or the harness's built-in copy
+   when fschat is absent, compared byte for byte where both exist), 3 Spec-Bench-format questions in a
+   temporary question file (one with two turns), plain decoding and every verifier at temperature 1 on 2x5,
+   exact tau on one context per question: answers, ``speed.json``, ``table1.md``/``.json``,
+   ``exact_tau.md``/``.json`` and ``run.json`` written under ``--out``/harness_e2e.
+8. ``bench_verify``: ``evaluation.bench_verify`` on the device (quick, V = 32000).
+9. ``head_training``: the head-training route (:mod:`eagle.train`) on the device: batched greedy
    generation of a tiny float32 target (``eagle.train.data._generate``) against the CPU's (equal
    answers counted), feature recompute (``eagle.train.features.build_feature_shard``) within 2e-3 of
    the CPU's, then multi-step training steps (``unrolled_loss``, depth 3, feature noise and CE subsets
    drawn with a device generator): the loss must fall and the depth-wise evaluation must run.
-8. ``placement_cuda1`` (only when more than one GPU is visible; skipped and ok otherwise, the CPU dry run
+10. ``placement_cuda1`` (only when more than one GPU is visible; skipped and ok otherwise, the CPU dry run
    included): a tiny float32 model on ``cuda:1`` (not the current device) generates at temperature 0 what
    it generates on the first GPU, seeded temperature-1 runs repeat, the part timing is recorded; then the
    same model split over ``cuda:0`` (embedding, first layer) and ``cuda:1`` (the rest, lm_head, head)
    with accelerate's ``dispatch_model`` (when accelerate is installed) generates the same tokens.
 
-Output: ``device_check.json`` and ``device_check.md`` (a table) under ``--out`` (default ``$OUT`` if set,
-else ``runs/device_check``); exit status 1 when a check failed.
+Checks run in the order verifier_laws, sync_counts, temperature0, temperature1_law, seeded_tiny, cycle_7b,
+harness_e2e, seeded_7b, bench_verify, head_training, placement_cuda1; those that would start after
+``--budget-s`` seconds are recorded as skipped (failed). Output: ``device_check.json`` and
+``device_check.md`` (tables) under ``--out`` (default ``$OUT`` if set, else ``runs/device_check``); exit
+status 1 when a check failed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -55,6 +87,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import univer_patch  # noqa: E402,F401  (registers traversal / greedy / univer)
+from eagle.drafting import EagleTreeDrafter  # noqa: E402
+from eagle.host_reads import CYCLE_BOUND, counting  # noqa: E402
 from eagle.model.ea_model import EaModel  # noqa: E402
 from eagle.model.head import EagleHead, head_config_from_base  # noqa: E402
 from eagle.model.kv_cache import new_cache, truncate_cache  # noqa: E402
@@ -72,8 +106,75 @@ TINY_7B = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden
                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-6)
 
 
+#: temperature-1 law checks: p-value threshold of each chi-square test (about 30 tests per run)
+P_MIN = 1e-4
+#: harness_e2e: Spec-Bench-format questions (one MT-Bench question with two turns)
+HARNESS_QUESTIONS = [
+    {"question_id": 81, "category": "writing",
+     "turns": ["Compose an engaging travel blog post about a recent trip to Hawaii.",
+               "Rewrite your previous response. Start every sentence with the letter A."]},
+    {"question_id": 161, "category": "translation", "turns": ["Translate into English: Le chat dort sur la table."]},
+    {"question_id": 241, "category": "qa", "turns": ["Why is the sky blue during the day?"]},
+]
+
+
 def sampling_methods() -> list[str]:
     return list(available_verifiers(temperature=1.0))
+
+
+def half_dtypes(device) -> list[tuple[torch.dtype, str | None]]:
+    """float16 and bfloat16 with the reason to skip each on ``device`` (None: supported)."""
+    bf16 = None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        bf16 = f"bfloat16 is not supported by {torch.cuda.get_device_name(device)}"
+    return [(torch.float16, None), (torch.bfloat16, bf16)]
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).split(".")[-1]
+
+
+@contextlib.contextmanager
+def count_pruned():
+    """Counts drafted static trees (``EagleTreeDrafter.expand`` calls) and those returned pruned (some node
+    not drafted: ``DraftTree.nodes`` set) over the block: yields ``{"trees": int, "pruned": int}``."""
+    expand = EagleTreeDrafter.expand
+    seen = {"trees": 0, "pruned": 0}
+
+    def counted(self, *a, **k):
+        d = expand(self, *a, **k)
+        seen["trees"] += 1
+        seen["pruned"] += int(d.nodes is not None)
+        return d
+
+    EagleTreeDrafter.expand = counted
+    try:
+        yield seen
+    finally:
+        EagleTreeDrafter.expand = expand
+
+
+@contextlib.contextmanager
+def cuda_syncs_per_cycle(counter, per_cycle: dict):
+    """Counts the synchronising CUDA calls ``torch.cuda.set_sync_debug_mode("warn")`` reports, per cycle of
+    ``counter`` (an :class:`eagle.host_reads.HostReadCounter` under :func:`eagle.host_reads.counting`)."""
+    prev = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if "synchroniz" in str(message).lower():
+                per_cycle[counter.cycle] = per_cycle.get(counter.cycle, 0) + 1
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield per_cycle
+        finally:
+            torch.cuda.set_sync_debug_mode(prev)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -157,16 +258,49 @@ def build_7b(device, shapes: dict, dtype):
     return EaModel(base, head, tree_choices="2x5")
 
 
+def offline_llama_tokenizer(vocab_size: int, corpus: list[str]):
+    """A Llama tokenizer built offline: ids 0-2 ``<unk>`` ``<s>`` ``</s>``, the 256 byte-fallback tokens
+    ``<0x00>``..``<0xFF>``, then a BPE (``▁`` for spaces, SentencePiece style) trained in memory on ``corpus``
+    with the ``tokenizers`` library, padded with ``<extra_i>`` tokens to exactly ``vocab_size`` tokens;
+    wrapped as transformers' ``LlamaTokenizerFast`` (BOS added, no chat template).
+
+    Raises:
+        ValueError: ``vocab_size`` < 323 (specials, bytes and 64 trained tokens).
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    room = vocab_size - len(specials) - len(byte_tokens)
+    if room < 64:
+        raise ValueError(f"offline_llama_tokenizer: vocab_size {vocab_size} leaves {room} trained tokens (need 64)")
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=room, show_progress=False, special_tokens=[]))
+    trained = sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])
+    merges = json.loads(bpe.to_str())["model"]["merges"]
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+    names = specials + byte_tokens + [t for t, _ in trained if t not in specials]
+    names += [f"<extra_{i}>" for i in range(vocab_size - len(names))]
+    tok = LlamaTokenizerFast(vocab={t: i for i, t in enumerate(names)}, merges=merges, add_bos_token=True)
+    if len(tok) != vocab_size or tok("a").input_ids[0] != 1:
+        raise ValueError(f"offline_llama_tokenizer: built {len(tok)} tokens (wanted {vocab_size}) or no BOS first")
+    return tok
+
+
 # ---------------------------------------------------------------------- checks
 def check_verifier_laws(device, dry: bool):
     out = {}
     methods = list(available_verifiers())  # the temperature-0 "argmax" verifier included
     n_samples = 300 if dry else 2000
+    dtypes = [torch.float32] + [dt for dt, why in half_dtypes(device) if why is None]
+    skipped = {dtype_name(dt): why for dt, why in half_dtypes(device) if why is not None}
     for name in methods:
         v = get_verifier(name)
         for tree in ("2x2", "mc_sim_7b_63"):
             parents, tokens, target, draft = random_instance(tree, 6, v.drafting, seed=len(out))
-            for dtype in (torch.float32, torch.float16):
+            for dtype in dtypes:
                 tp, dp = target.to(dtype), draft.to(dtype)
                 ref = v.outcome_probs(parents, tokens, tp.double() / tp.double().sum(-1, keepdim=True),
                                       dp.double() / dp.double().sum(-1, keepdim=True))
@@ -184,46 +318,139 @@ def check_verifier_laws(device, dry: bool):
                         counts[int(node), int(y)] += 1
                     row["chi2_p"] = chi2_pvalue(counts, ref)
                     row["ok"] = row["ok"] and row["chi2_p"] > 1e-4
-                out[f"{name}/{tree}/{str(dtype).split('.')[-1]}"] = row
-    return all(r["ok"] for r in out.values()), out
+                out[f"{name}/{tree}/{dtype_name(dtype)}"] = row
+    ok = all(r["ok"] for r in out.values())
+    for key, why in skipped.items():
+        out[f"skipped/{key}"] = {"skipped": why}
+    return ok, out
 
 
 def check_temperature0(device, dry: bool):
+    """eagenerate == naivegenerate at temperature 0: float32 (must), float16 (counted), float32 with a draft
+    vocabulary (must; the one-token vocabulary prunes every drafted sibling, pruned trees counted)."""
     out = {"float32_equal": 0, "float32_runs": 0, "float16_equal": 0, "float16_runs": 0}
     for seed in range(2 if dry else 4):
         for dtype in (torch.float32, torch.float16):
             m = tiny_ea_model(vocab_size=256, hidden_size=64, seed=seed, aligned=True).to(device=device, dtype=dtype)
             ids = torch.tensor([[seed + 1, 7, 30, 2]], device=device)
+            ref = m.naivegenerate(ids, max_new_tokens=48).tolist()
             for tree in ("2x5", "mc_sim_7b_63", "chain4"):
                 a = m.eagenerate(ids, max_new_tokens=48, tree_choices=tree)
-                b = m.naivegenerate(ids, max_new_tokens=48)
-                key = str(dtype).split(".")[-1]
+                key = dtype_name(dtype)
                 out[f"{key}_runs"] += 1
-                out[f"{key}_equal"] += int(a.tolist() == b.tolist())
-    return out["float32_equal"] == out["float32_runs"], out
+                out[f"{key}_equal"] += int(a.tolist() == ref)
+    m = tiny_ea_model(vocab_size=256, hidden_size=64, seed=0, aligned=True).to(device)
+    ids = torch.tensor([[1, 7, 30, 2]], device=device)
+    new = 24 if dry else 48
+    ref = m.naivegenerate(ids, max_new_tokens=new).tolist()
+    for label, d2t in (("every_other", torch.arange(0, 256, 2)), ("one_token", torch.tensor([3]))):
+        m.ea_layer.set_draft_vocab(d2t)
+        row = {"k": int(d2t.numel()), "equal": 0, "runs": 0}
+        with count_pruned() as seen:
+            for tree in ("2x5", "mc_sim_7b_63"):
+                row["runs"] += 1
+                row["equal"] += int(m.eagenerate(ids, max_new_tokens=new, tree_choices=tree).tolist() == ref)
+        row.update(seen)
+        out[f"draft_vocab_{label}"] = row
+    m.ea_layer.set_draft_vocab(None)
+    ok = (out["float32_equal"] == out["float32_runs"]
+          and all(out[k]["equal"] == out[k]["runs"] for k in ("draft_vocab_every_other", "draft_vocab_one_token"))
+          and out["draft_vocab_one_token"]["pruned"] > 0)
+    return ok, out
+
+
+def two_token_law(m, prompt, cfg: SamplingConfig) -> torch.Tensor:
+    """Exact law ``[V, V]`` (float64, on the model's device) of the first two tokens after ``prompt``
+    (``[1, L]`` on the device) under the processed target law ``cfg``, in the model's dtype."""
+    device, n = prompt.device, prompt.shape[1]
+    V = m.lm_head.weight.shape[0]
+    _, logits = m.target_forward(prompt, torch.arange(n, device=device)[None], new_cache(m.base_model.config))
+    p1 = logits_to_probs(logits[0, -1].float(), cfg).double()
+    law = torch.zeros(V, V, dtype=torch.float64, device=device)
+    for x in range(V):
+        seq = torch.cat([prompt, torch.tensor([[x]], device=device)], dim=1)
+        _, lg = m.target_forward(seq, torch.arange(n + 1, device=device)[None], new_cache(m.base_model.config))
+        law[x] = p1[x] * logits_to_probs(lg[0, -1].float(), cfg).double()
+    return law
 
 
 def check_temperature1_law(device, dry: bool):
-    V, prompt, n = 8, [1, 5, 2], (60 if dry else 600)
-    m = tiny_ea_model(vocab_size=V, hidden_size=32, seed=4, logit_scale=2.5, aligned=True,
-                      align_shrink=0.5).to(device)
-    cfg = SamplingConfig(1.0)
+    """First-two-token law of ``eagenerate`` at temperature 1 against the target's, every verifier, in each
+    case of the module docstring (item 4); p > :data:`P_MIN` in every test, pruned trees where asked."""
+    V, prompt = 8, [1, 5, 2]
+    n_base, n_extra = (40, 20) if dry else (600, 200)
     ids = torch.tensor([prompt], device=device)
-    _, logits = m.target_forward(ids, torch.arange(3, device=device)[None], new_cache(m.base_model.config))
-    p1 = logits_to_probs(logits[0, -1], cfg).double()
-    law = torch.zeros(V, V, dtype=torch.float64, device=device)
-    for x in range(V):
-        seq = torch.cat([ids, torch.tensor([[x]], device=device)], dim=1)
-        _, lg = m.target_forward(seq, torch.arange(4, device=device)[None], new_cache(m.base_model.config))
-        law[x] = p1[x] * logits_to_probs(lg[0, -1], cfg).double()
+    # label -> (dtype, sampling kwargs, tree, samples, draft vocabulary?, must prune?)
+    cases = {"float32": (torch.float32, {}, "2x2", n_base, False, False)}
+    skipped = {}
+    for dt, why in half_dtypes(device):
+        if why is None:
+            cases[dtype_name(dt)] = (dt, {}, "2x2", n_extra, False, False)
+        else:
+            skipped[dtype_name(dt)] = why
+    cases["draft_vocab"] = (torch.float32, {}, "2x2", n_extra, True, False)
+    cases["pruned_top_k3"] = (torch.float32, {"top_k": 3}, "4x2", n_extra, False, True)
+    cases["pruned_top_p0.4"] = (torch.float32, {"top_p": 0.4}, "4x2", n_extra, False, True)
     out = {}
-    for name in sampling_methods():
-        counts = torch.zeros(V, V, dtype=torch.float64)
-        for s in range(n):
-            o = m.eagenerate(ids, temperature=1.0, max_new_tokens=2, tree_choices="2x2", verifier=name, seed=s)
-            counts[int(o[0, 3]), int(o[0, 4])] += 1
-        out[name] = {"chi2_p": chi2_pvalue(counts, law), "samples": n}
-    return all(r["chi2_p"] > 1e-3 for r in out.values()), out
+    for label, (dtype, sampling, tree, n, vocab, prune) in cases.items():
+        m = tiny_ea_model(vocab_size=V, hidden_size=32, seed=4, logit_scale=2.5, aligned=True,
+                          align_shrink=0.5).to(device=device, dtype=dtype)
+        law = two_token_law(m, ids, SamplingConfig(1.0, **sampling))
+        top = None
+        if vocab:  # leave out the target's most likely first token and two more: those come only from residuals
+            top = int(law.sum(1).argmax())
+            m.ea_layer.set_draft_vocab(torch.tensor([t for t in range(V) if t not in (top, (top + 3) % V,
+                                                                                   (top + 5) % V)]))
+        for name in sampling_methods():
+            counts = torch.zeros(V, V, dtype=torch.float64)
+            with count_pruned() as seen:
+                for s in range(n):
+                    o = m.eagenerate(ids, temperature=1.0, max_new_tokens=2, tree_choices=tree, verifier=name, seed=s,
+                                     **sampling)
+                    counts[int(o[0, 3]), int(o[0, 4])] += 1
+            row = {"chi2_p": chi2_pvalue(counts, law), "samples": n, "tree": tree, **seen}
+            if top is not None:
+                row["k"] = V - 3
+                row["left_out_top_token_draws"] = int(counts[top].sum())
+            row["ok"] = row["chi2_p"] > P_MIN and (not prune or seen["pruned"] > 0)
+            out[f"{label}/{name}"] = row
+    ok = all(r["ok"] for r in out.values())
+    for key, why in skipped.items():
+        out[f"skipped/{key}"] = {"skipped": why}
+    return ok, out
+
+
+def check_sync_counts(device, dry: bool, bound: int = CYCLE_BOUND):
+    """Host reads per cycle (engine + verifier) of every verifier at temperature 1 and argmax at temperature
+    0 on 2x5 and mc_sim_7b_63, at most ``bound`` in every cycle; on CUDA also the synchronisations the
+    sync debug mode reports, same bound. Each case: one warm-up generation, then the same one counted."""
+    cuda = device.type == "cuda"
+    cases = [("argmax", 0.0)] + [(name, 1.0) for name in sampling_methods()]
+    out = {}
+    for tree in ("2x5", "mc_sim_7b_63"):
+        m = tiny_ea_model(vocab_size=64, seed=0, aligned=True, tree_choices=tree).to(device)
+        ids = torch.tensor([[1, 2, 3, 4, 5]], device=device)
+        for name, temperature in cases:
+            kw = dict(temperature=temperature, max_new_tokens=12 if dry else 24, tree_choices=tree, verifier=name,
+                      seed=0)
+            m.eagenerate(ids, **kw)  # warm the per-shape caches
+            syncs: dict[int, int] = {}
+            with counting() as c:
+                with (cuda_syncs_per_cycle(c, syncs) if cuda else contextlib.nullcontext()):
+                    m.eagenerate(ids, **kw)
+            total = c.per_cycle()
+            row = {"cycles": c.cycle, "max_reads": max(total, default=0), "mean_reads": statistics.fmean(total or [0]),
+                   "max_verifier_reads": max(c.per_cycle("verifier"), default=0),
+                   "max_engine_reads": max(c.per_cycle("engine"), default=0)}
+            if cuda:
+                row["max_cuda_syncs"] = max((syncs.get(k, 0) for k in range(1, c.cycle + 1)), default=0)
+                row["prefill_cuda_syncs"] = syncs.get(0, 0)
+            row["ok"] = c.cycle >= 2 and row["max_reads"] <= bound and row.get("max_cuda_syncs", 0) <= bound
+            if not row["ok"]:
+                worst = max(range(1, c.cycle + 1), key=lambda k: total[k - 1]) if c.cycle else 0
+                row["worst_cycle_reads"] = c.what.get((worst, "engine"), []) + c.what.get((worst, "verifier"), [])
+            out[f"{name}@T{temperature:g}/{tree}"] = row
+    return all(r["ok"] for r in out.values()), {"bound": bound, "cases": out}
 
 
 def check_seeded(device, model, label: str, max_new: int):
@@ -250,15 +477,19 @@ def check_bench_verify(device, dry: bool):
 
 
 def check_cycle_7b(device, model, dry: bool):
-    """One draft / tree forward / verification step per method on a 512-token context (medians, ms)."""
+    """On a 512-token context (64 in the dry run), per tree: one plain decode step, one draft, one tree
+    forward and one verification step per method (medians, ms), UniVer / RRSw of the verify step, and the
+    engine's mean cycle time per method as a multiple of the decode step (module docstring, item 6)."""
     clock = Clock(device)
     reps = 3 if dry else 10
     ctx = 64 if dry else 512
+    new_tokens = 6 if dry else 24
     g = torch.Generator(device=device).manual_seed(0)
     V = model.lm_head.weight.shape[0]
     ids = torch.randint(3, V, (1, ctx), device=device, generator=g)
     cfg = SamplingConfig(1.0)
     out = {}
+    decode_ms = None
     for tree_name in ("2x5", "mc_sim_7b_63"):
         tree = build_tree(tree_name)
         cache = new_cache(model.base_model.config)
@@ -266,7 +497,14 @@ def check_cycle_7b(device, model, dry: bool):
         feats, _ = model.target_forward(ids[:, :-1], torch.arange(ctx - 1, device=device)[None], cache)
         root_hidden = model.drafter.consume(head_cache, ids[:, 1:], feats)
         prefix = ctx - 1
-        row = {"nodes": tree.num_nodes}
+        if decode_ms is None:
+            def decode_step():  # plain decoding's step: the last token through the target, the next one drawn
+                _, lg = model.target_forward(ids[:, -1:], torch.tensor([[prefix]], device=device), cache)
+                truncate_cache(cache, prefix)
+                int(torch.multinomial(logits_to_probs(lg[0, -1].float(), cfg), 1, generator=g))
+
+            decode_ms = clock.median_ms(decode_step, reps)
+        row = {"nodes": tree.num_nodes, "decode_step_ms": decode_ms}
         rules = {}
         for name in sampling_methods():
             rule = get_verifier(name).drafting
@@ -295,8 +533,99 @@ def check_cycle_7b(device, model, dry: bool):
             row[f"{name}_verify_checked_ms"] = clock.median_ms(
                 lambda v=v, d=d, tp=tp: v.verify(d.parents, d.tokens, tp, d.draft_probs, g), reps)
             row[f"{name}_over_forward"] = row[f"{name}_verify_ms"] / row["tree_forward_ms"]
+        if "univer_verify_ms" in row and "rrsw_verify_ms" in row:
+            row["univer_over_rrsw_verify"] = row["univer_verify_ms"] / row["rrsw_verify_ms"]
+        del cache, head_cache, feats
+        for name in sampling_methods():  # the engine's whole cycle from the same context
+            kw = dict(temperature=1.0, tree_choices=tree_name, verifier=name, seed=0, return_stats=True)
+            model.eagenerate(ids, max_new_tokens=3, **kw)  # warm-up
+            _, st = model.eagenerate(ids, max_new_tokens=new_tokens, **kw)
+            cycles = max(st["decoding_steps"], 1)
+            row[f"{name}_cycle_ms"] = (st["wall_time"] - st["prefill_s"]) / cycles * 1e3
+            row[f"{name}_cycle_over_decode"] = row[f"{name}_cycle_ms"] / decode_ms
+            row[f"{name}_cycles"] = st["decoding_steps"]
         out[tree_name] = row
-    return True, out
+    ok = all(math.isfinite(v) and v > 0 for row in out.values() for k, v in row.items() if k.endswith("_ms"))
+    return ok, out
+
+
+def harness_prompt_check(fmt, tok) -> dict:
+    """The harness's prompt for a two-turn question: BOS first, Vicuna v1.1 text back from the ids, and the
+    built-in copy of ``vicuna_v1.1`` equal to FastChat's where fschat is installed (None where not)."""
+    from evaluation.questions import build_messages
+    from evaluation.templates import PromptFormat, fschat_installed, render_builtin
+
+    messages = build_messages([q for q in HARNESS_QUESTIONS[0]["turns"]], ["A first answer."])
+    text = fmt.render(tok, messages)
+    ids = fmt.ids(tok, messages)
+    same = None
+    if fschat_installed():
+        same = all(render_builtin("vicuna_v1.1", build_messages(turns, answers))
+                   == PromptFormat("vicuna_v1.1", "fschat", "check").render(None, build_messages(turns, answers))
+                   for turns, answers in ((["q1"], []), (["q1", "q2"], ["a1"]), (["q1", "q2", "q3"], ["a1", "a2"])))
+    return {"bos_first": ids[0] == tok.bos_token_id, "roundtrip": tok.decode(ids[1:]) == text,
+            "vicuna_text": text.endswith("USER: " + messages[-1]["content"] + " ASSISTANT:") and "</s>USER:" in text,
+            "prompt_tokens": len(ids), "builtin_equals_fschat": same}
+
+
+def check_harness_e2e(device, model, out_dir: Path, dry: bool):
+    """The harness's main job on ``model`` (module docstring, item 7); outputs in ``out_dir``/harness_e2e."""
+    from evaluation import specbench as SB
+    from evaluation import tables as T
+    from evaluation.arguments import BASELINE, OneLineParser, add_common_arguments, check_arguments
+    from evaluation.gen_answer import answer_file_name
+    from evaluation.templates import choose_format
+
+    V = model.lm_head.weight.shape[0]
+    dest = out_dir / "harness_e2e"
+    if dest.exists():
+        shutil.rmtree(dest)  # a previous run's answers would be resumed, not regenerated
+    corpus = [t for q in HARNESS_QUESTIONS for t in q["turns"]] + [
+        "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+        "detailed, and polite answers to the user's questions. USER: Hello! ASSISTANT: Hello, how can I help?"]
+    tok = offline_llama_tokenizer(V, corpus)
+    with tempfile.TemporaryDirectory(prefix="device_check_harness_") as tmp:
+        tmp = Path(tmp)
+        qfile = tmp / "question.jsonl"
+        qfile.write_text("".join(json.dumps(q) + "\n" for q in HARNESS_QUESTIONS), encoding="utf-8")
+        model_dir = tmp / "random-vicuna-7b-shaped"  # config + tokenizer (no weights): the family names the format
+        model.base_model.config.save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
+        head_dir = model.ea_layer.save_pretrained(tmp / "random-head")
+        ap = OneLineParser(prog="device_check harness_e2e")
+        add_common_arguments(ap, positional=True)
+        argv = [str(model_dir), "1.0", "--head", str(head_dir), "--tree", "2x5", "--speed-tree", "none",
+                "--seeds", "0", "--max-new-tokens", "8" if dry else "16", "--question-file", str(qfile),
+                "--contexts-per-question", "1", "--draws", "1", "--bootstrap", "50", "--no-plots", "--no-progress",
+                "--device", str(device), "--dtype", dtype_name(model.lm_head.weight.dtype), "--out", str(dest)]
+        cfg = check_arguments(ap.parse_args(argv))
+        fmt = choose_format(cfg.model, tok, cfg.template)
+        saved = model.tokenizer
+        model.tokenizer = tok
+        try:
+            run = SB.run_job(cfg, model, fmt)
+        finally:
+            model.tokenizer = saved
+        prompt = harness_prompt_check(fmt, tok)
+    methods = [BASELINE] + [m for m in cfg.methods if m != BASELINE]
+    files = {m: dest / "answers" / answer_file_name(m, 1.0, None if m == BASELINE else "2x5", 0) for m in methods}
+    records = {m: [json.loads(x) for x in f.read_text().splitlines()] if f.is_file() else [] for m, f in files.items()}
+    written = [n for n in ("speed.json", "table1.md", "table1.json", "exact_tau.md", "exact_tau.json", "run.json")
+               if (dest / n).is_file()]
+    table1 = (dest / "table1.md").read_text() if (dest / "table1.md").is_file() else ""
+    rows = json.loads((dest / "table1.json").read_text())["rows"] if (dest / "table1.json").is_file() else []
+    tau = {r["method"]: {"avg_tau": r["avg_tau"], "speedup": r["speedup"]} for r in rows}
+    detail = {"methods": methods, "questions": len(HARNESS_QUESTIONS), "prompt_format": fmt.describe(),
+              "answers_per_method": {m: len(r) for m, r in records.items()}, "written": written,
+              "stage_seconds": run["stage_seconds"], "prompt": prompt, "tokenizer_size": len(tok),
+              "out": str(dest), "table1": tau}
+    ok = (fmt.name == "vicuna_v1.1"
+          and all(len(r) == len(HARNESS_QUESTIONS) for r in records.values())
+          and all(rec["prompt_format"]["name"] == "vicuna_v1.1" for r in records.values() for rec in r)
+          and len(written) == 6 and all(T.method_label(m) in table1 for m in cfg.methods if m != BASELINE)
+          and prompt["bos_first"] and prompt["roundtrip"] and prompt["vicuna_text"]
+          and prompt["builtin_equals_fschat"] is not False)
+    return ok, detail
 
 
 # ---------------------------------------------------------------------- driver
@@ -402,31 +731,81 @@ def check_placement_cuda1(device, dry: bool):
 
 
 def table(results: dict) -> str:
+    """The report: one line per check, then the host reads per cycle and the 7B-shaped timings."""
     lines = ["| check | ok | seconds | summary |", "|---|---|---|---|"]
     for name, r in results["checks"].items():
         summary = r.get("summary", "")
         lines.append(f"| {name} | {'yes' if r['ok'] else 'NO'} | {r['seconds']:.1f} | {summary} |")
+    sync = results["checks"].get("sync_counts", {}).get("detail")
+    if sync:
+        lines += ["", f"Host reads per cycle (bound {sync['bound']}; CUDA: synchronisations reported by the sync debug "
+                      "mode):", "", "| case | cycles | max reads | mean reads | max verifier reads | max CUDA syncs |",
+                  "|---|---|---|---|---|---|"]
+        for case, row in sync["cases"].items():
+            lines.append(f"| {case} | {row['cycles']} | {row['max_reads']} | {row['mean_reads']:.1f} | "
+                         f"{row['max_verifier_reads']} | {row.get('max_cuda_syncs', 'n/a (CPU)')} |")
     cyc = results["checks"].get("cycle_7b", {}).get("detail")
     if cyc:
         methods = sampling_methods()
-        lines += ["", "| tree | draft ms | tree forward ms | " + " | ".join(f"{m} verify ms (x fwd)" for m in methods) + " |",
-                  "|---|---|---|" + "---|" * len(methods)]
+        lines += ["", "| tree | draft ms | tree forward ms | " + " | ".join(f"{m} verify ms (x fwd)" for m in methods)
+                  + " | UniVer / RRSw verify |", "|---|---|---|" + "---|" * (len(methods) + 1)]
         for tree, row in cyc.items():
             cells = [tree, f"{row['draft_ms']:.2f}", f"{row['tree_forward_ms']:.2f}"]
             cells += [f"{row[m + '_verify_ms']:.2f} ({row[m + '_over_forward']:.2f})" for m in methods]
+            cells.append(f"{row['univer_over_rrsw_verify']:.2f}" if "univer_over_rrsw_verify" in row else "n/a")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "| tree | plain decode step ms | " + " | ".join(f"{m} cycle ms (x decode step)" for m in methods)
+                  + " |", "|---|---|" + "---|" * len(methods)]
+        for tree, row in cyc.items():
+            cells = [tree, f"{row['decode_step_ms']:.2f}"]
+            cells += [f"{row[m + '_cycle_ms']:.2f} ({row[m + '_cycle_over_decode']:.2f})" for m in methods]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _summary(name, detail) -> str:
+    skipped = "; ".join(f"{k.split('/', 1)[1]} skipped: {v['skipped']}" for k, v in detail.items()
+                        if isinstance(v, dict) and k.startswith("skipped/"))
+    skipped = f"; {skipped}" if skipped else ""
     if name == "temperature0":
+        dv = [f"{k[len('draft_vocab_'):]} (K={v['k']}) {v['equal']}/{v['runs']}, {v['pruned']}/{v['trees']} trees "
+              f"pruned" for k, v in detail.items() if k.startswith("draft_vocab_")]
         return (f"float32 {detail['float32_equal']}/{detail['float32_runs']} equal, "
-                f"float16 {detail['float16_equal']}/{detail['float16_runs']}")
+                f"float16 {detail['float16_equal']}/{detail['float16_runs']}; draft vocabulary: " + ", ".join(dv))
     if name == "temperature1_law":
-        return ", ".join(f"{k} p={v['chi2_p']:.3g}" for k, v in detail.items())
+        rows = {k: v for k, v in detail.items() if not k.startswith("skipped/")}
+        cases = {}
+        for k, v in rows.items():
+            cases.setdefault(k.split("/")[0], []).append(v)
+        parts = []
+        for case, vs in cases.items():
+            part = f"{case} min p={min(v['chi2_p'] for v in vs):.3g}"
+            if case.startswith("pruned"):
+                part += f" ({sum(v['pruned'] for v in vs)}/{sum(v['trees'] for v in vs)} trees pruned)"
+            parts.append(part)
+        return f"{len(rows)} tests (p > {P_MIN:g}): " + ", ".join(parts) + skipped
     if name == "verifier_laws":
-        worst = max(detail.items(), key=lambda kv: kv[1]["max_abs_err"])
-        return f"{len(detail)} cases, worst |law err| {worst[1]['max_abs_err']:.2e} ({worst[0]})"
+        rows = {k: v for k, v in detail.items() if not k.startswith("skipped/")}
+        worst = max(rows.items(), key=lambda kv: kv[1]["max_abs_err"])
+        return f"{len(rows)} cases, worst |law err| {worst[1]['max_abs_err']:.2e} ({worst[0]})" + skipped
+    if name == "sync_counts":
+        cases = detail["cases"]
+        worst = max(cases.items(), key=lambda kv: kv[1]["max_reads"])
+        text = (f"{len(cases)} cases, max {worst[1]['max_reads']} host reads per cycle ({worst[0]}; bound "
+                f"{detail['bound']})")
+        if any("max_cuda_syncs" in r for r in cases.values()):
+            text += f", max {max(r['max_cuda_syncs'] for r in cases.values())} CUDA syncs per cycle"
+        return text
+    if name == "cycle_7b":
+        return "; ".join(
+            f"{tree}: decode step {row['decode_step_ms']:.2f} ms, univer cycle "
+            f"{row.get('univer_cycle_over_decode', float('nan')):.2f}x decode, univer/rrsw verify "
+            f"{row.get('univer_over_rrsw_verify', float('nan')):.2f}"
+            for tree, row in detail.items())
+    if name == "harness_e2e":
+        return (f"{len(detail['methods'])} methods x {detail['questions']} questions, prompt "
+                f"{detail['prompt_format']['name']} ({detail['prompt_format']['source']}), Llama tokenizer of "
+                f"{detail['tokenizer_size']} tokens, wrote {', '.join(detail['written'])}")
     if name.startswith("seeded"):
         return ", ".join(f"{k}: tau {v['tau']:.2f}" for k, v in detail.items())
     if name == "head_training":
@@ -446,6 +825,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
     ap.add_argument("--out", default=None, help="output folder (default: $OUT, else runs/device_check)")
     ap.add_argument("--budget-s", type=float, default=280.0, help="skip the remaining checks after this many seconds")
+    ap.add_argument("--sync-bound", type=int, default=CYCLE_BOUND,
+                    help=f"sync_counts: most host reads per cycle (default {CYCLE_BOUND}, issue 49's goal)")
     args = ap.parse_args(argv)
     device = torch.device(args.device or ("cpu" if args.dry_run else "cuda"))
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -489,11 +870,13 @@ def main(argv=None) -> int:
 
     with torch.no_grad():
         run("verifier_laws", lambda: check_verifier_laws(device, args.dry_run))
+        run("sync_counts", lambda: check_sync_counts(device, args.dry_run, args.sync_bound))
         run("temperature0", lambda: check_temperature0(device, args.dry_run))
         run("temperature1_law", lambda: check_temperature1_law(device, args.dry_run))
         run("seeded_tiny", lambda: check_seeded(device, tiny_ea_model(vocab_size=64, seed=3, aligned=True).to(device),
                                                 "tiny", 24))
         run("cycle_7b", lambda: check_cycle_7b(device, big_model(), args.dry_run))
+        run("harness_e2e", lambda: check_harness_e2e(device, big_model(), out_dir, args.dry_run))
         run("seeded_7b", lambda: check_seeded(device, big_model(), "7b", 8 if args.dry_run else 32))
         run("bench_verify", lambda: check_bench_verify(device, args.dry_run))
         run("head_training", lambda: check_head_training(device, args.dry_run))
