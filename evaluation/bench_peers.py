@@ -454,6 +454,10 @@ def _main(argv, model=None, prompt_format=None) -> dict:
         model, prompt_format = load_checked_model(SimpleNamespace(
             model=s["model"], head=s["head"], device=s["device"], dtype=s["dtype"], threads=s["threads"],
             drafter="eagle" if needs_head else "prompt_lookup", drafter_options={}, draft_vocab="auto", template=None))
+        if s["model"] == "default":  # the API defaults' drafter, as from_pretrained("default") chooses it
+            from eagle.model.ea_model import default_drafter_name
+
+            model.set_drafter(default_drafter_name(True, model.device, model.ea_layer is not None))
     contenders = contenders_for(s["ours"], s["temperature"])
     try:
         drafters = build_drafters(model, contenders)

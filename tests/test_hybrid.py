@@ -258,3 +258,32 @@ def test_append_chain_below_leaf_only():
     assert out.ancestor[5].tolist() == [True, True, False, True, True, True]
     assert append_chain(base, [2, 6]) is base  # 2 is inner and has no child 6: nothing added
     assert append_chain(base, [3]) is base  # the root is inner
+
+
+# ---- the API default and the door ------------------------------------------------------------------------
+
+def test_default_drafter_rule():
+    """from_pretrained(drafter=None): hybrid for the embedded default on the CPU with its head, eagle otherwise."""
+    from eagle.model.ea_model import default_drafter_name
+
+    assert default_drafter_name(True, "cpu", True) == "hybrid"
+    assert default_drafter_name(True, "cpu", False) == "eagle"
+    assert default_drafter_name(False, "cpu", True) == "eagle"
+    assert default_drafter_name(True, "meta", True) == "eagle"
+
+
+def test_auto_tree_without_head_is_one_line(model):
+    from eagle.model.ea_model import EaModel
+
+    headless = EaModel(model.base_model, None, drafter="prompt_lookup")
+    with pytest.raises(ValueError, match="tree 'auto' is fitted to the model's EAGLE head"):
+        headless.resolve_tree("auto")
+
+
+def test_set_drafter_options_kept_by_name(model):
+    """set_drafter('hybrid', lookup_weight=0.9), then eagenerate(drafter='hybrid') drafts with those options."""
+    d = model.set_drafter("hybrid", lookup_weight=0.9)
+    try:
+        assert model._drafter_instance("hybrid") is d and d.lookup_weight == 0.9
+    finally:
+        model.set_drafter("eagle")

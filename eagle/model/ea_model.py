@@ -136,6 +136,9 @@ class EaModel(nn.Module):
         if options:
             return make_drafter(spec, self, **options)
         cls = get_drafter(spec)
+        current = getattr(self, "drafter", None)
+        if current is not None and type(current) is cls:  # the model's drafter, with the options it was set with
+            return current
         if cls not in self._drafters:
             self._drafters[cls] = make_drafter(cls, self)
         return self._drafters[cls]
@@ -175,7 +178,7 @@ class EaModel(nn.Module):
     @classmethod
     def from_pretrained(cls, base_model_path: str | None = "default", ea_model_path: str | None = None,
                         tree_choices=None, verifier: str = "rrsw", float32_logits: bool = False,
-                        fast_cpu="auto", drafter="eagle", drafter_options: dict | None = None,
+                        fast_cpu="auto", drafter=None, drafter_options: dict | None = None,
                         **hf_kwargs) -> "EaModel":
         """Load a target (local folder, hub id, or a GGUF via ``gguf_file=``) and an EAGLE-1 head.
 
@@ -189,11 +192,13 @@ class EaModel(nn.Module):
                 head when the base is the default model.
             tree_choices: the default tree of :meth:`eagenerate`. None: ``"auto"`` (the tree fitted to
                 this machine and head, measured once and cached, see :mod:`eagle.autotree`) for the
-                embedded default model on the CPU, where only a small tree pays for its forward;
-                EAGLE-1's ``mc_sim_7b_63`` for any other model or device.
+                embedded default model on the CPU with its head, where only a small tree pays for its forward;
+                EAGLE-1's ``mc_sim_7b_63`` for any other model, device or a model without a head.
             fast_cpu: ``"auto"`` (default: on for a float32 target on the CPU), True or False; see
                 :meth:`set_fast_cpu`.
-            drafter, drafter_options: the default drafter (see :class:`EaModel`).
+            drafter, drafter_options: the default drafter (see :class:`EaModel`). None: ``"hybrid"`` (the head's
+                fitted tree with a prompt-lookup chain, :mod:`eagle.drafters.hybrid`) for the embedded default
+                on the CPU, measured faster than the head alone there (README, "Results"); ``"eagle"`` otherwise.
             **hf_kwargs: passed to transformers (e.g. ``dtype=torch.float16``, ``device_map="cuda"``,
                 ``device_map="auto"`` (sharded over GPUs or offloaded: the head, drafting and laws then live
                 on the device of the target's ``lm_head``), ``gguf_file=...``, ``attn_implementation="sdpa"``
@@ -208,7 +213,8 @@ class EaModel(nn.Module):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         embedded = base_model_path in (None, "default")
-        drafter = "eagle" if drafter is None else drafter
+        default_drafter = drafter is None
+        drafter = "eagle" if drafter is None else drafter  # (hybrid needs the same head: decided after loading)
         if not embedded:
             p = Path(str(base_model_path)).expanduser()
             looks_local = p.is_absolute() or str(base_model_path).startswith((".", "~"))
@@ -242,8 +248,11 @@ class EaModel(nn.Module):
             head.eval()
         if fast_cpu == "auto":  # on for a float32 target on the CPU
             fast_cpu = base.device.type == "cpu" and base.dtype == torch.float32
+        on_cpu = base.device.type == "cpu"
         if tree_choices is None:
-            tree_choices = "auto" if embedded and base.device.type == "cpu" else MC_SIM_7B_63
+            tree_choices = "auto" if embedded and on_cpu and head is not None else MC_SIM_7B_63
+        if default_drafter:
+            drafter = default_drafter_name(embedded, base.device, head is not None)
         return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
                    float32_logits=float32_logits, fast_cpu=bool(fast_cpu), drafter=drafter,
                    drafter_options=drafter_options)
@@ -449,6 +458,9 @@ class EaModel(nn.Module):
         cached on disk, remembered per model object; the choice and why are printed to stderr)."""
         if not (isinstance(spec, str) and spec.strip().lower() == "auto"):
             return spec
+        if self.ea_layer is None:
+            raise ValueError("tree 'auto' is fitted to the model's EAGLE head, and this model has none: pass a tree "
+                             "(e.g. tree_choices='2x5' or 'mc_sim_7b_63')")
         key = (0.0, 1.0, 0) if temperature == 0 else (float(temperature), float(top_p), int(top_k))
         memo = self.__dict__.setdefault("_auto_trees", {})
         state = (key, self.fast_cpu, id(getattr(self.ea_layer, "d2t", None)))  # the fit depends on both
@@ -691,6 +703,13 @@ class TreeLaws:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def default_drafter_name(embedded: bool, device, has_head: bool) -> str:
+    """The drafter ``from_pretrained(drafter=None)`` uses: ``"hybrid"`` for the embedded default on the CPU with
+    its head (the head's fitted tree plus a prompt-lookup chain: measured faster than the head alone there,
+    README "Results"), ``"eagle"`` otherwise."""
+    return "hybrid" if embedded and has_head and torch.device(device).type == "cpu" else "eagle"
 
 
 def _load_tokenizer(auto_tokenizer, path, kwargs):
