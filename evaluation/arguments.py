@@ -838,6 +838,15 @@ def check_arguments(args: argparse.Namespace) -> Config:
     drafter_options = check_drafter_options(getattr(args, "drafter_option", None), drafter)
     from eagle.drafters import get_drafter
 
+    if not get_drafter(drafter).needs_head and not args.head:  # "auto" is fitted to an EAGLE head's acceptance
+        if tree == "auto":
+            raise UsageError("--tree", f"'auto' is fitted to the EAGLE head, and drafter {drafter!r} uses none: "
+                                       f"name a tree (e.g. 2x5)")
+        if speed_tree == "auto":
+            if getattr(args, "speed_tree", None):
+                raise UsageError("--speed-tree", f"'auto' is fitted to the EAGLE head, and drafter {drafter!r} uses "
+                                                 f"none: name a tree or 'none'")
+            speed_tree, speed_methods = "none", []  # the default speed tree needs the head: the 2x5 runs time it
     check_dynamic_trees([("--tree", tree, methods), ("--speed-tree", speed_tree, speed_methods)], drafter,
                         temperature)
     head = check_head(args.head, model) if get_drafter(drafter).needs_head or args.head else None

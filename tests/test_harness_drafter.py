@@ -42,3 +42,15 @@ def test_answers_name_the_drafter(tmp_path):
                        progress=False, warmup=False, prompt_builder=lambda tok, msgs: [1, 2, 3, 1, 2])
     rec = json.loads(f.read_text().splitlines()[0])
     assert rec["drafter"] == "prompt_lookup" and "rrsw+prompt_lookup" in rec["model_id"]
+
+
+def test_headless_drafter_and_the_auto_trees(tmp_path):
+    """A drafter without an EAGLE head: the default speed tree ('auto', fitted to the head) is dropped (the 2x5
+    runs are timed); 'auto' named explicitly is refused in one line naming the flag."""
+    cfg = _check(tmp_path, "--drafter", "prompt_lookup", "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert cfg.speed_tree == "none" and cfg.speed_methods == []
+    with pytest.raises(A.UsageError, match="--speed-tree: 'auto' is fitted to the EAGLE head"):
+        _check(tmp_path, "--drafter", "prompt_lookup", "--speed-tree", "auto", "--out", str(tmp_path / "p"))
+    with pytest.raises(A.UsageError, match="--tree: 'auto' is fitted to the EAGLE head"):
+        _check(tmp_path, "--drafter", "prompt_lookup", "--tree", "auto", "--out", str(tmp_path / "q"))
+    assert _check(tmp_path, "--device", "cpu", "--out", str(tmp_path / "r")).speed_tree == "auto"  # the head's
