@@ -867,11 +867,22 @@ def check_arguments(args: argparse.Namespace) -> Config:
                   expected_tau=expected_tau, drafter=drafter, drafter_options=drafter_options)
 
 
+def _raised_building_drafter(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while the model built its drafter (``EaModel.set_drafter`` on the stack)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("set_drafter", "make_drafter"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def load_checked_model(cfg: Config):
     """Load the model once and choose the prompt format; returns ``(model, PromptFormat)``.
 
     Raises:
-        UsageError: ``--model``/``--head`` (the load failed; first line of the cause) or ``--template``.
+        UsageError: ``--model``/``--head`` (the load failed; first line of the cause), ``--drafter-option`` (or
+            ``--drafter`` without options: building the drafter failed) or ``--template``.
     """
     import torch
 
@@ -883,8 +894,11 @@ def load_checked_model(cfg: Config):
         model = load_model(cfg.model, cfg.head, cfg.device, cfg.dtype, drafter=cfg.drafter,
                            drafter_options=cfg.drafter_options)
     except Exception as e:  # noqa: BLE001 - hub/transformers raise many types; report one line
-        flag = "--head" if type(e).__name__ == "CheckpointMismatchError" else "--model/--head"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if _raised_building_drafter(e):  # the drafter's for_model (its options: a draft LM, an EAGLE-3 head...)
+            flag = "--drafter-option" if cfg.drafter_options else "--drafter"
+            raise UsageError(flag, f"cannot build drafter {cfg.drafter!r} for {cfg.model!r}: {msg}") from None
+        flag = "--head" if type(e).__name__ == "CheckpointMismatchError" else "--model/--head"
         raise UsageError(flag, f"cannot load {cfg.model!r} + head {cfg.head!r}: {msg}") from None
     if cfg.draft_vocab == "off" and getattr(model, "ea_layer", None) is not None:
         model.ea_layer.set_draft_vocab(None)

@@ -159,7 +159,14 @@ def run(args) -> dict:
     from eagle.drafters import get_drafter, make_drafter
 
     # drafters with options: built once (a draft LM loaded once); the others by name (the engine's cache)
-    instances = {d["label"]: make_drafter(d["name"], model, **d["options"]) for d in args.drafters if d["options"]}
+    instances = {}
+    for d in args.drafters:
+        if d["options"]:
+            try:
+                instances[d["label"]] = make_drafter(d["name"], model, **d["options"])
+            except (ValueError, OSError) as e:  # e.g. a draft LM of another vocabulary: one line, no traceback
+                msg = " ".join(str(e).split()) or type(e).__name__
+                raise SystemExit(f"bench_cycle: error: --drafters: {d['label']!r}: {msg}") from None
     tree_drafters = [d for d in args.drafters if get_drafter(d["name"]).uses_tree]
     own_shape_drafters = [d for d in args.drafters if not get_drafter(d["name"]).uses_tree]
     configs, auto_info, predicted, autotree_contexts, skipped = [], {}, {}, [], []
@@ -343,8 +350,10 @@ def table(res: dict) -> str:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from evaluation.arguments import OneLineParser
+
+    ap = OneLineParser(prog="bench_cycle", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="'default', 'tiny' (smoke test), a folder or hub id")
     ap.add_argument("--head", default=None, help="head folder / hub id (default: the model's default head)")
     ap.add_argument("--trees", default="chain4,mc_sim_7b_63,2x5",

@@ -104,7 +104,8 @@ class DraftLMDrafter(Drafter):
         """Check ``for_model``'s options without loading anything (the harness calls it at the door).
 
         Raises:
-            ValueError: an unknown option, a missing or empty ``model_path_or_module``, or a bad ``dtype``.
+            ValueError: an unknown option, a missing or empty ``model_path_or_module``, a local folder that does
+                not exist, or a bad ``dtype``.
         """
         unknown = sorted(set(options) - {"model_path_or_module", "dtype"})
         if unknown:
@@ -118,6 +119,12 @@ class DraftLMDrafter(Drafter):
             raise ValueError(f"drafter 'draft_lm': model_path_or_module must be a model, a hub id or a folder, "
                              f"got {type(src).__name__}")
         _as_dtype(options.get("dtype"))
+        if isinstance(src, (str, Path)):
+            p = Path(str(src)).expanduser()
+            looks_local = p.is_absolute() or str(src).startswith((".", "~")) or str(src).count("/") > 1
+            if looks_local and not p.exists():
+                raise ValueError(f"drafter 'draft_lm': draft model folder {src} does not exist (a hub id looks like "
+                                 f"org/name)")
 
     @classmethod
     def for_model(cls, model, model_path_or_module=None, dtype=None, **unknown) -> "DraftLMDrafter":
@@ -132,7 +139,8 @@ class DraftLMDrafter(Drafter):
 
         Raises:
             ValueError: see :meth:`check_options` (``unknown``: any other option); a vocabulary size other than
-                the target's (both numbers); a draft model whose logits are on another device than the target's.
+                the target's (both numbers); a draft model whose logits are on another device than the target's;
+                a draft model that cannot be loaded (transformers' OSError / ValueError, first line).
         """
         cls.check_options({"model_path_or_module": model_path_or_module, "dtype": dtype, **unknown})
         dtype = _as_dtype(dtype)
@@ -144,7 +152,12 @@ class DraftLMDrafter(Drafter):
 
             w = model.lm_head.weight
             dt = dtype or (w.dtype if w.dtype.is_floating_point else torch.float32)
-            draft = AutoModelForCausalLM.from_pretrained(str(model_path_or_module), dtype=dt).to(device)
+            try:
+                draft = AutoModelForCausalLM.from_pretrained(str(model_path_or_module), dtype=dt).to(device)
+            except (OSError, ValueError) as e:  # not found locally nor on the hub, no network, not a model: one line
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"drafter 'draft_lm': cannot load the draft model {model_path_or_module}: "
+                                 f"{msg}") from None
         vocab = int(model.lm_head.weight.shape[0])
         out = draft.get_output_embeddings() if hasattr(draft, "get_output_embeddings") else None
         if out is not None and getattr(out, "weight", None) is not None:

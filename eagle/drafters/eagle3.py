@@ -77,9 +77,14 @@ class Eagle3Drafter(EagleTreeDrafter):
         if not isinstance(path, (str, os.PathLike)):
             raise ValueError(f"drafter 'eagle3': path must be a folder, got {type(path).__name__}")
         _weights_folder(path)
+        if options.get("feature_layers") is not None:
+            try:
+                check_feature_layers(options["feature_layers"], None)
+            except ValueError as e:
+                raise ValueError(f"drafter 'eagle3': {e}") from None
 
     @classmethod
-    def for_model(cls, model, path=None, feature_layers=None) -> "Eagle3Drafter":
+    def for_model(cls, model, path=None, feature_layers=None, **unknown) -> "Eagle3Drafter":
         """Load the EAGLE-3 head at ``path`` for ``model`` (an :class:`~eagle.model.ea_model.EaModel`).
 
         Args:
@@ -91,8 +96,10 @@ class Eagle3Drafter(EagleTreeDrafter):
             ValueError: no ``path``; a target with fewer than 3 layers; bad ``feature_layers``; any checkpoint
                 mismatch (one line naming the key, see ``load_eagle3_head``).
         """
-        if path is None:
+        if path is None and not unknown:
             raise ValueError("drafter 'eagle3' needs the EAGLE-3 head: drafter_options={'path': <head folder>}")
+        opts = {"path": path, **unknown} | ({} if feature_layers is None else {"feature_layers": feature_layers})
+        cls.check_options(opts)
         base = model.base_model
         cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
         n_layers = getattr(cfg, "num_hidden_layers", None)

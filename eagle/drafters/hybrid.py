@@ -33,7 +33,7 @@ from ..drafting import DraftTree, EagleTreeDrafter
 from ..rules import DRAFTING_RULES
 from ..sampling import SamplingConfig
 from ..tree import TreeBuffers, tree_structure
-from .prompt_lookup import PromptLookupDrafter
+from .prompt_lookup import PromptLookupDrafter, check_lookup_values, check_option_names
 
 __all__ = ["HybridDrafter", "append_chain"]
 
@@ -59,19 +59,38 @@ class HybridDrafter(EagleTreeDrafter):
     uses_tree = True
     drafting_rules = DRAFTING_RULES
 
+    #: the options of :meth:`for_model` (and ``__init__``) with their defaults
+    OPTIONS = {"lookup_weight": 0.5, "max_ngram": 3, "min_ngram": 1, "depth": 10}
+
     def __init__(self, head, lm_head, vocab: int, device="cpu", lookup_weight: float = 0.5, max_ngram: int = 3,
                  min_ngram: int = 1, depth: int = 10):
         super().__init__(head, lm_head)
-        if isinstance(lookup_weight, bool) or not isinstance(lookup_weight, (int, float)) or not (
-                0.0 < float(lookup_weight) <= 1.0):
-            raise ValueError(f"hybrid: lookup_weight must be a number in (0, 1], got {lookup_weight!r}")
+        self._check_values(lookup_weight=lookup_weight, max_ngram=max_ngram, min_ngram=min_ngram, depth=depth)
         self.lookup_weight = float(lookup_weight)
         self.lookup = PromptLookupDrafter(vocab, device, max_ngram=max_ngram, min_ngram=min_ngram, depth=depth,
                                           branches=1)
         self._chain = None  # LongTensor [D] of the current cycle's lookup (None: no proposal)
 
     @classmethod
+    def _check_values(cls, lookup_weight=0.5, max_ngram=3, min_ngram=1, depth=10) -> None:
+        if isinstance(lookup_weight, bool) or not isinstance(lookup_weight, (int, float)) or not (
+                0.0 < float(lookup_weight) <= 1.0):
+            raise ValueError(f"hybrid: lookup_weight must be a number in (0, 1], got {lookup_weight!r}")
+        check_lookup_values("hybrid", max_ngram=max_ngram, min_ngram=min_ngram, depth=depth)
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Check :meth:`for_model`'s options (names and values) without a model (the harness calls it at the door).
+
+        Raises:
+            ValueError: an unknown option, or a bad value (one line naming the drafter and the option).
+        """
+        check_option_names(cls.name, options, cls.OPTIONS)
+        cls._check_values(**{**cls.OPTIONS, **options})
+
+    @classmethod
     def for_model(cls, model, **options) -> "HybridDrafter":
+        cls.check_options(options)
         if getattr(model, "ea_layer", None) is None:
             raise ValueError("drafter 'hybrid' needs an EAGLE head, but the model has none (load it with "
                              "ea_model_path, or use drafter 'prompt_lookup')")

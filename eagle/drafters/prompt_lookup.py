@@ -57,6 +57,31 @@ def lookup_branches(history: list, index: dict, max_ngram: int, min_ngram: int, 
     return found
 
 
+def check_option_names(drafter: str, options: dict, known) -> None:
+    """Refuse options other than ``known`` (one line naming the drafter and the options).
+
+    Raises:
+        ValueError: an unknown option.
+    """
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"drafter {drafter!r} takes no option(s) {unknown}; its options: {', '.join(known)}")
+
+
+def check_lookup_values(drafter: str, max_ngram=3, min_ngram=1, depth=10, branches=1) -> None:
+    """The lookup's option values (the one place for these rules; ``drafter`` names the drafter in the message).
+
+    Raises:
+        ValueError: a value that is not an integer >= 1, or ``min_ngram > max_ngram`` (one line).
+    """
+    for key, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("depth", depth),
+                       ("branches", branches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{drafter}: {key} must be an integer >= 1, got {value!r}")
+    if min_ngram > max_ngram:
+        raise ValueError(f"{drafter}: min_ngram {min_ngram} > max_ngram {max_ngram}")
+
+
 class PromptLookupDrafter(Drafter):
     """N-gram lookup in the committed text (see the module docstring for its laws and rules).
 
@@ -72,14 +97,13 @@ class PromptLookupDrafter(Drafter):
     uses_tree = False
     drafting_rules = DRAFTING_RULES
 
+    #: the options of :meth:`for_model` (and ``__init__``) with their defaults
+    OPTIONS = {"max_ngram": 3, "min_ngram": 1, "depth": 10, "branches": 1}
+
     def __init__(self, vocab: int, device="cpu", max_ngram: int = 3, min_ngram: int = 1, depth: int = 10,
                  branches: int = 1):
-        for key, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("depth", depth),
-                           ("branches", branches)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"prompt_lookup: {key} must be an integer >= 1, got {value!r}")
-        if min_ngram > max_ngram:
-            raise ValueError(f"prompt_lookup: min_ngram {min_ngram} > max_ngram {max_ngram}")
+        check_lookup_values("prompt_lookup", max_ngram=max_ngram, min_ngram=min_ngram, depth=depth,
+                            branches=branches)
         self.vocab, self.device = int(vocab), torch.device(device)
         self.max_ngram, self.min_ngram, self.depth, self.branches = max_ngram, min_ngram, depth, branches
         self.history: list[int] = []
@@ -87,7 +111,18 @@ class PromptLookupDrafter(Drafter):
         self._root_in = False  # whether the current root is already in history
 
     @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Check :meth:`for_model`'s options (names and values) without a model (the harness calls it at the door).
+
+        Raises:
+            ValueError: an unknown option, or a bad value (one line naming the drafter and the option).
+        """
+        check_option_names(cls.name, options, cls.OPTIONS)
+        check_lookup_values(cls.name, **{**cls.OPTIONS, **options})
+
+    @classmethod
     def for_model(cls, model, **options) -> "PromptLookupDrafter":
+        cls.check_options(options)
         return cls(model.lm_head.weight.shape[0], model.device, **options)
 
     def _append(self, tokens) -> None:

@@ -36,7 +36,8 @@ def register_drafter(cls: type, overwrite: bool = False) -> type:
         raise ValueError(f"drafter {cls.__name__}: set a non-empty class attribute `name`")
     key = name.lower()
     if key in _REGISTRY and _REGISTRY[key] is not cls and not overwrite:
-        raise ValueError(f"drafter {name!r} is already registered")
+        raise ValueError(f"drafter {name!r} is already registered (by {_REGISTRY[key].__qualname__}); pass "
+                         f"overwrite=True to replace it")
     _REGISTRY[key] = cls
     return cls
 
