@@ -160,7 +160,8 @@ def check_tree(tree: str, flag: str = "--tree") -> str:
     try:
         build_tree(tree)
     except (ValueError, TypeError) as e:
-        msg = str(e).replace(" or 'chainD'", ", 'chainD' or 'auto' (fitted to this machine and head)")
+        msg = str(e).replace(" or 'chainD'", ", 'chainD', 'auto' (fitted to this machine and head) or "
+                                             "'eagle2[:nodes=N,depth=D,topk=K]' (EAGLE-2 dynamic tree)")
         raise UsageError(flag, msg + (" or 'none'" if flag == "--speed-tree" else "")) from None
     return tree
 
@@ -708,6 +709,28 @@ class Config:
         return d
 
 
+#: a few words (and the options to give) for the built-in drafters in ``--drafter``'s help
+DRAFTER_NOTES = {
+    "eagle": "the EAGLE-1 head, default",
+    "prompt_lookup": "n-gram lookup in prompt and output, no head",
+    "hybrid": "the head's tree with a prompt-lookup chain mixed in; e.g. --drafter-option lookup_weight=0.7",
+    "draft_lm": "a separate draft LM: --drafter-option model_path_or_module=JackFram/llama-68m",
+    "eagle3": "a public EAGLE-3 head: --drafter-option path=HEAD_FOLDER",
+}
+
+
+def drafter_help() -> str:
+    """``--drafter``'s help: every registered drafter (the registry's list, plug-ins included), built-ins with a
+    note."""
+    from eagle.drafters import available_drafters
+
+    names = [n for n in DRAFTER_NOTES if n in available_drafters()]
+    names += [n for n in available_drafters() if n not in DRAFTER_NOTES]
+    items = [f"{n} ({DRAFTER_NOTES[n]})" if n in DRAFTER_NOTES else n for n in names]
+    return ("drafter: " + " | ".join(items) + " | a plug-in's (entry-point group univer_eagle.drafters)"). \
+        replace("%", "%%")
+
+
 def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) -> None:
     """The harness's flags (shared by the main job, ``gen_answer`` and ``exact_tau``)."""
     if positional:
@@ -751,10 +774,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--threads", default=1,
                     help="CPU: torch threads (default 1: on a shared CPU several threads spin against each other); "
                          "0 = torch's default")
-    ap.add_argument("--drafter", default=None,
-                    help="drafter: eagle (the EAGLE-1 head, default) | prompt_lookup (n-gram lookup in prompt and "
-                         "output, no head) | draft_lm (a separate draft LM: --drafter-option "
-                         "model_path_or_module=JackFram/llama-68m) | a plug-in's (entry-point group univer_eagle.drafters)")
+    ap.add_argument("--drafter", default=None, help=drafter_help())
     ap.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an option of the drafter's for_model (VALUE read as JSON when it parses); repeatable")
     ap.add_argument("--draft-vocab", default="auto", choices=("auto", "off"),

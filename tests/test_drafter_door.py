@@ -153,3 +153,37 @@ def test_register_twice_mentions_overwrite():
             register_drafter(Other)
     finally:
         unregister_drafter("door_test_again")
+
+
+# ---- help and messages (finding 9) ------------------------------------------------------------------------
+
+def test_drafter_help_lists_every_registered_drafter():
+    import argparse
+
+    from eagle.drafters import PromptLookupDrafter, available_drafters, register_drafter, unregister_drafter
+    from evaluation.arguments import add_common_arguments
+
+    class Plug(PromptLookupDrafter):
+        name = "door_test_plug"
+
+    register_drafter(Plug)
+    try:
+        ap = argparse.ArgumentParser()
+        add_common_arguments(ap)
+        text = " ".join(ap.format_help().split())
+        for name in available_drafters():
+            assert name in text, name
+        assert "path=HEAD_FOLDER" in text and "hybrid (" in text
+    finally:
+        unregister_drafter("door_test_plug")
+
+
+def test_unknown_tree_mentions_eagle2(capsys):
+    from evaluation.arguments import check_tree
+    from evaluation.bench_cycle import parse_args
+
+    with pytest.raises(UsageError, match=r"eagle2\[:nodes=N,depth=D,topk=K\]"):
+        check_tree("garbage")
+    with pytest.raises(SystemExit):
+        parse_args(["--trees", "garbage"])
+    assert "eagle2[:nodes=N,depth=D,topk=K]" in capsys.readouterr().err
