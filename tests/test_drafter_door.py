@@ -187,3 +187,15 @@ def test_unknown_tree_mentions_eagle2(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--trees", "garbage"])
     assert "eagle2[:nodes=N,depth=D,topk=K]" in capsys.readouterr().err
+
+
+def test_importing_the_drafters_loads_no_transformers_model_code():
+    """Finding 5: the door (drafter names and options) does not pay for transformers' Llama modelling code."""
+    import subprocess
+    import sys
+
+    code = ("import sys, eagle.drafters; from evaluation.arguments import check_option_dict; "
+            "check_option_dict('hybrid', {'depth': 3}); "
+            "print(sorted(m for m in sys.modules if m.startswith('transformers.models.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "modeling_llama" not in out, out

@@ -21,7 +21,6 @@ import os
 import torch
 
 from ..drafting import EagleTreeDrafter
-from ..model.eagle3_head import check_feature_layers, eagle3_feature_layers, load_eagle3_head
 from ..model.kv_cache import new_cache
 from ..rules import DRAFTING_RULES
 
@@ -65,7 +64,7 @@ class Eagle3Drafter(EagleTreeDrafter):
             ValueError: an unknown option, no ``path``, or a ``path`` that is not a local head folder / weight
                 file beside its ``config.json`` (one line).
         """
-        from ..model.eagle3_head import _weights_folder
+        from ..model.eagle3_head import _weights_folder, check_feature_layers  # lazy: transformers' Llama
 
         unknown = sorted(set(options) - {"path", "feature_layers"})
         if unknown:
@@ -100,6 +99,8 @@ class Eagle3Drafter(EagleTreeDrafter):
             raise ValueError("drafter 'eagle3' needs the EAGLE-3 head: drafter_options={'path': <head folder>}")
         opts = {"path": path, **unknown} | ({} if feature_layers is None else {"feature_layers": feature_layers})
         cls.check_options(opts)
+        from ..model.eagle3_head import check_feature_layers, eagle3_feature_layers, load_eagle3_head
+
         base = model.base_model
         cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
         n_layers = getattr(cfg, "num_hidden_layers", None)
