@@ -125,19 +125,20 @@ class EaModel(nn.Module):
         Raises:
             ValueError: an unknown name, bad options, or a drafter that needs the head this model lacks.
         """
-        self.drafter = self._drafter_instance(drafter, options)
+        self.drafter = self._drafter_instance(drafter, options, reuse_current=False)
         return self.drafter
 
-    def _drafter_instance(self, spec, options=None) -> Drafter:
-        """The drafter of one call: an instance passes through; a name or class is built once (per name,
-        without options) and reused."""
+    def _drafter_instance(self, spec, options=None, reuse_current: bool = True) -> Drafter:
+        """The drafter of one call: an instance passes through; a name or class naming the model's drafter's
+        class is the model's drafter (with the options :meth:`set_drafter` gave it; ``reuse_current``); any other
+        is built once (per name, without options) and reused."""
         if isinstance(spec, Drafter):
             return spec
         if options:
             return make_drafter(spec, self, **options)
         cls = get_drafter(spec)
         current = getattr(self, "drafter", None)
-        if current is not None and type(current) is cls:  # the model's drafter, with the options it was set with
+        if reuse_current and current is not None and type(current) is cls:  # with the options it was set with
             return current
         if cls not in self._drafters:
             self._drafters[cls] = make_drafter(cls, self)
