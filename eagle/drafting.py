@@ -32,7 +32,7 @@ from .tree.buffers import _plan, build_tree
 from .tree.dynamic import DynamicTree, check_dynamic_tree, expand_dynamic, finish_dynamic
 from .rules import DRAFTING_RULES, draw_children, stable_topk
 
-__all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "draft_tree_from_choices"]
+__all__ = ["Drafter", "DraftTree", "EagleTreeDrafter", "draft_tree_from_choices", "pruned_draft_tree"]
 
 
 @dataclass
@@ -202,6 +202,39 @@ def draft_tree_from_choices(choices, tokens: dict, laws: dict, vocab: int, devic
     return DraftTree(parents=plan.parents, tokens=torch.tensor(tok, dtype=torch.long, device=device),
                      depth=plan.depth, draft_probs=draft_probs, ancestor=plan.ancestor,
                      parents_list=list(plan.parents_list), tokens_list=tok, nodes=None, structure=plan.structure)
+
+
+def pruned_draft_tree(plan, tokens: torch.Tensor, draft_probs: torch.Tensor, tok: list) -> DraftTree:
+    """The :class:`DraftTree` of the drafted nodes of a static tree (the one place drafters prune).
+
+    Args:
+        plan: the static tree's :class:`~eagle.tree.TreePlan` (parents precede children).
+        tokens: LongTensor ``[n]`` (device), -1 where a node could not be drafted (its law's support was
+            smaller than its rank); tok: the same tokens on the host (list of ints).
+        draft_probs: float32 ``[n, V]``.
+
+    Returns:
+        ``DraftTree``: every node when all were drafted (``nodes`` None); otherwise only the nodes whose token and
+        every ancestor's token are >= 0 (``nodes`` = their static indices).
+    """
+    n = len(tok)
+    par = plan.parents_list
+    alive = [True] * n
+    for i in range(1, n):  # parents precede children
+        alive[i] = tok[i] >= 0 and alive[par[i]]
+    if all(alive):
+        return DraftTree(parents=plan.parents, tokens=tokens, depth=plan.depth, draft_probs=draft_probs,
+                         ancestor=plan.ancestor, parents_list=list(par), tokens_list=tok, nodes=None,
+                         structure=plan.structure)
+    keep = [i for i in range(n) if alive[i]]
+    remap = {v: i for i, v in enumerate(keep)}
+    parents_list = [-1] + [remap[par[v]] for v in keep[1:]]
+    device = tokens.device
+    keep_t = torch.tensor(keep, dtype=torch.long, device=device)
+    return DraftTree(parents=torch.tensor(parents_list, dtype=torch.long, device=device), tokens=tokens[keep_t],
+                     depth=plan.depth[keep_t], draft_probs=draft_probs[keep_t],
+                     ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
+                     tokens_list=[tok[v] for v in keep], nodes=keep_t, structure=tree_structure(tuple(parents_list)))
 
 
 class EagleTreeDrafter(Drafter):
@@ -410,24 +443,7 @@ class EagleTreeDrafter(Drafter):
         host = torch.cat([tokens, finite.to(device=device, dtype=torch.long)[None]]).tolist()  # the one sync
         if not host[-1]:
             raise ValueError("draft logits (head output) contain NaN or inf")
-        tok = host[:-1]
-        par = plan.parents_list
-        alive = [True] * n
-        for i in range(1, n):  # parents precede children
-            alive[i] = tok[i] >= 0 and alive[par[i]]
-        if all(alive):
-            return DraftTree(parents=plan.parents, tokens=tokens, depth=plan.depth, draft_probs=draft_probs,
-                             ancestor=plan.ancestor, parents_list=list(par), tokens_list=tok, nodes=None,
-                             structure=plan.structure)
-        keep = [i for i in range(n) if alive[i]]
-        remap = {v: i for i, v in enumerate(keep)}
-        parents_list = [-1] + [remap[par[v]] for v in keep[1:]]
-        keep_t = torch.tensor(keep, dtype=torch.long, device=device)
-        return DraftTree(parents=torch.tensor(parents_list, dtype=torch.long, device=device), tokens=tokens[keep_t],
-                         depth=plan.depth[keep_t], draft_probs=draft_probs[keep_t],
-                         ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
-                         tokens_list=[tok[v] for v in keep], nodes=keep_t,
-                         structure=tree_structure(tuple(parents_list)))
+        return pruned_draft_tree(plan, tokens, draft_probs, host[:-1])
 
     @torch.no_grad()
     def expand_dynamic(self, head_cache, root_token: int, root_hidden: torch.Tensor, tree: DynamicTree, rule: str,

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from ..drafting import Drafter, DraftTree
+from ..drafting import Drafter, DraftTree, pruned_draft_tree
 from ..model.cpu_attention import CPU_TREE_SDPA
 from ..model.device import module_device
 from ..model.kv_cache import cache_kwargs, cache_length, new_cache, truncate_cache
 from ..rules import DRAFTING_RULES, draw_children
 from ..sampling import SamplingConfig, logits_to_probs
-from ..tree import TreeBuffers, additive_mask, tree_structure
+from ..tree import TreeBuffers, additive_mask
 
 __all__ = ["DraftLMDrafter"]
 
@@ -299,22 +299,5 @@ class DraftLMDrafter(Drafter):
 
 
 def _pruned(plan, tokens: torch.Tensor, draft_probs: torch.Tensor, tok: list) -> DraftTree:
-    """The :class:`DraftTree` of the drafted nodes of ``plan`` (a node whose token or an ancestor's is -1 is
-    dropped). ``tokens`` LongTensor ``[n]`` and ``tok`` (the same on the host); ``draft_probs`` ``[n, V]``."""
-    n = len(tok)
-    par = plan.parents_list
-    alive = [True] * n
-    for i in range(1, n):  # parents precede children
-        alive[i] = tok[i] >= 0 and alive[par[i]]
-    if all(alive):
-        return DraftTree(parents=plan.parents, tokens=tokens, depth=plan.depth, draft_probs=draft_probs,
-                         ancestor=plan.ancestor, parents_list=list(par), tokens_list=tok, nodes=None,
-                         structure=plan.structure)
-    keep = [i for i in range(n) if alive[i]]
-    remap = {v: i for i, v in enumerate(keep)}
-    parents_list = [-1] + [remap[par[v]] for v in keep[1:]]
-    keep_t = torch.tensor(keep, dtype=torch.long, device=tokens.device)
-    return DraftTree(parents=torch.tensor(parents_list, dtype=torch.long, device=tokens.device),
-                     tokens=tokens[keep_t], depth=plan.depth[keep_t], draft_probs=draft_probs[keep_t],
-                     ancestor=plan.ancestor[keep_t][:, keep_t], parents_list=parents_list,
-                     tokens_list=[tok[v] for v in keep], nodes=keep_t, structure=tree_structure(tuple(parents_list)))
+    """:func:`eagle.drafting.pruned_draft_tree` (kept under this name for this module's callers)."""
+    return pruned_draft_tree(plan, tokens, draft_probs, tok)
