@@ -292,16 +292,28 @@ class EagleTreeDrafter(Drafter):
         self._root_hidden = None
 
     def accept(self, tokens: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """The committed pairs (``tokens`` [1, k], the next root last; ``features`` [1, k, H]) wait for the next
+        draft; pairs a cycle left unconsumed (:meth:`defer`) are kept before them."""
+        old, old_feats, has_root = self._pending
+        if old is not None and has_root:
+            tokens = torch.cat([old, tokens.to(old.device)], dim=1)
+            features = torch.cat([old_feats, features.to(old_feats.device, old_feats.dtype)], dim=1)
         self._pending = (tokens, features, True)
+
+    def defer(self, root: int) -> None:
+        """This cycle drafts without the head: keep the pending pairs (the root's included) for a later draft."""
+        tokens, feats, has_root = self._pending
+        if tokens is not None and not has_root:
+            tokens = torch.cat([tokens, torch.tensor([[int(root)]], device=tokens.device)], dim=1)
+            self._pending = (tokens, feats, True)
 
     def draft(self, root: int, tree: TreeBuffers, rule: str, cfg: SamplingConfig,
               generator: torch.Generator | None = None) -> DraftTree:
         """Consume the pending committed pairs (the root's included), then :meth:`expand` ``tree`` (a
         :class:`~eagle.tree.dynamic.DynamicTree`: :meth:`expand_dynamic`)."""
-        tokens, feats, has_root = self._pending
+        self.defer(root)
+        tokens, feats, _ = self._pending
         if tokens is not None:
-            if not has_root:
-                tokens = torch.cat([tokens, torch.tensor([[int(root)]], device=tokens.device)], dim=1)
             self._root_hidden = self.consume(self.head_cache, tokens, feats)
             self._pending = (None, None, False)
         if self._root_hidden is None:

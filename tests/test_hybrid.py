@@ -287,3 +287,57 @@ def test_set_drafter_options_kept_by_name(model):
         assert model._drafter_instance("hybrid") is d and d.lookup_weight == 0.9
     finally:
         model.set_drafter("eagle")
+
+
+@pytest.mark.parametrize("ngram", [1, 2])
+def test_lookup_only_cycles_equal_greedy(model, ngram):
+    """lookup_only_ngram: cycles with a long enough n-gram match draft the chain alone; temperature 0 still
+    equals greedy decoding, and both kinds of cycle occur on this prompt."""
+    d = HybridDrafter.for_model(model, lookup_only_ngram=ngram)
+    out = model.eagenerate(PROMPT, temperature=0.0, max_new_tokens=40, drafter=d, tree_choices=[[0], [1], [0, 0]])
+    assert torch.equal(out, model.naivegenerate(PROMPT, temperature=0.0, max_new_tokens=40))
+    assert d.cycles["lookup_only"] > 0 and d.cycles["hybrid"] > 0
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+def test_lookup_only_seeded_reproducible(model, method):
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        outs.append(model.eagenerate(PROMPT, temperature=1.0, max_new_tokens=24, verifier=method,
+                                     drafter=HybridDrafter.for_model(model, lookup_only_ngram=1),
+                                     tree_choices=[[0], [1], [0, 0]]))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_skipped_head_cycles_keep_the_head_cache(model):
+    """Pairs committed by cycles that skipped the head (defer) are consumed at the next head draft: the head's
+    root state equals that of a drafter that drafted with the head every cycle."""
+    from eagle.drafting import EagleTreeDrafter
+    from eagle.model.kv_cache import new_cache
+    from eagle.sampling import SamplingConfig
+    ids = PROMPT
+    cache = new_cache(model.base_model.config)
+    with torch.no_grad():
+        feats, _ = model.target_forward(ids, torch.arange(ids.shape[1])[None], cache)
+    tree, cfg = build_tree([[0], [1]]), SamplingConfig(0.0)
+    H = feats.shape[-1]
+    chunks = [(torch.tensor([[5, 8, 3]]), torch.randn(1, 3, H)), (torch.tensor([[4, 9]]), torch.randn(1, 2, H))]
+    every, skip = EagleTreeDrafter(model.ea_layer, model.lm_head), EagleTreeDrafter(model.ea_layer, model.lm_head)
+    for d in (every, skip):
+        d.start(ids, feats)
+    every.draft(7, tree, "topk", cfg)
+    skip.defer(7)  # the first cycle skips the head too
+    for toks, f in chunks:
+        every.accept(toks, f)
+        every.draft(int(toks[0, -1]), tree, "topk", cfg)
+        skip.accept(toks, f)
+        skip.defer(int(toks[0, -1]))
+    skip.draft(9, tree, "topk", cfg)
+    assert every.head_cache.get_seq_length() == skip.head_cache.get_seq_length() == ids.shape[1] + 5
+    torch.testing.assert_close(every._root_hidden, skip._root_hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_lookup_only_bad_option(model):
+    with pytest.raises(ValueError, match="lookup_only_ngram"):
+        HybridDrafter.for_model(model, lookup_only_ngram=-1)

@@ -16,6 +16,12 @@ rule from ONE law, the law the verifier is given, so each verifier's proof appli
    rule: the token itself). Where the path ends at an inner node (its drawn children missed ``l_{d+1}``)
    nothing is added: a node's children are exactly the rule's draw.
 
+4. Lookup only (option ``lookup_only_ngram`` = m >= 1; 0 = never): when the lookup matched a suffix n-gram of
+   at least m tokens, the cycle drafts the lookup chain alone, point-mass laws as drafter ``prompt_lookup``
+   (no head pass; the head consumes the committed pairs at its next draft). Which of the two a cycle drafts
+   is a function of the committed text, so each cycle's tree is still a draw under the rule from the laws
+   the verifier is given.
+
 So the tree's shape depends on the context, on each node's rank path (the static tree) and on its own token
 path (the chain), never on a sibling's draw or on the target; the laws on every node are functions of its
 path. The exact-enumeration tests (``tests/test_hybrid.py``) check every verifier on these trees (every tree
@@ -33,7 +39,7 @@ from ..drafting import DraftTree, EagleTreeDrafter
 from ..rules import DRAFTING_RULES
 from ..sampling import SamplingConfig
 from ..tree import TreeBuffers, tree_structure
-from .prompt_lookup import PromptLookupDrafter, check_lookup_values, check_option_names
+from .prompt_lookup import PromptLookupDrafter, chain_tree, check_lookup_values, check_option_names
 
 __all__ = ["HybridDrafter", "append_chain"]
 
@@ -46,6 +52,8 @@ class HybridDrafter(EagleTreeDrafter):
         vocab: V (the target's vocabulary); device: the model's device.
         lookup_weight: ``w`` in (0, 1], the lookup's share of the mixture at lookup-path nodes (default 0.5:
             the looked-up token ranks first).
+        lookup_only_ngram: m >= 1: cycles whose lookup matched a suffix n-gram of >= m tokens draft the lookup
+            chain alone (no head pass); 0 (default): never.
         max_ngram, min_ngram, depth: the lookup (:class:`~eagle.drafters.prompt_lookup.PromptLookupDrafter`);
             ``depth`` = tokens looked up (the deepest node of the tree is max(static depth, depth)).
 
@@ -60,22 +68,28 @@ class HybridDrafter(EagleTreeDrafter):
     drafting_rules = DRAFTING_RULES
 
     #: the options of :meth:`for_model` (and ``__init__``) with their defaults
-    OPTIONS = {"lookup_weight": 0.5, "max_ngram": 3, "min_ngram": 1, "depth": 10}
+    OPTIONS = {"lookup_weight": 0.5, "max_ngram": 3, "min_ngram": 1, "depth": 10, "lookup_only_ngram": 0}
 
     def __init__(self, head, lm_head, vocab: int, device="cpu", lookup_weight: float = 0.5, max_ngram: int = 3,
-                 min_ngram: int = 1, depth: int = 10):
+                 min_ngram: int = 1, depth: int = 10, lookup_only_ngram: int = 0):
         super().__init__(head, lm_head)
-        self._check_values(lookup_weight=lookup_weight, max_ngram=max_ngram, min_ngram=min_ngram, depth=depth)
+        self._check_values(lookup_weight=lookup_weight, max_ngram=max_ngram, min_ngram=min_ngram, depth=depth,
+                           lookup_only_ngram=lookup_only_ngram)
         self.lookup_weight = float(lookup_weight)
+        self.lookup_only_ngram = int(lookup_only_ngram)
+        self.vocab = int(vocab)
+        self.cycles = {"hybrid": 0, "lookup_only": 0}  # cycles drafted each way (since construction)
         self.lookup = PromptLookupDrafter(vocab, device, max_ngram=max_ngram, min_ngram=min_ngram, depth=depth,
                                           branches=1)
         self._chain = None  # LongTensor [D] of the current cycle's lookup (None: no proposal)
 
     @classmethod
-    def _check_values(cls, lookup_weight=0.5, max_ngram=3, min_ngram=1, depth=10) -> None:
+    def _check_values(cls, lookup_weight=0.5, max_ngram=3, min_ngram=1, depth=10, lookup_only_ngram=0) -> None:
         if isinstance(lookup_weight, bool) or not isinstance(lookup_weight, (int, float)) or not (
                 0.0 < float(lookup_weight) <= 1.0):
             raise ValueError(f"hybrid: lookup_weight must be a number in (0, 1], got {lookup_weight!r}")
+        if isinstance(lookup_only_ngram, bool) or not isinstance(lookup_only_ngram, int) or lookup_only_ngram < 0:
+            raise ValueError(f"hybrid: lookup_only_ngram must be an integer >= 0 (0: never), got {lookup_only_ngram!r}")
         check_lookup_values("hybrid", max_ngram=max_ngram, min_ngram=min_ngram, depth=depth)
 
     @classmethod
@@ -108,9 +122,18 @@ class HybridDrafter(EagleTreeDrafter):
 
     def draft(self, root: int, tree: TreeBuffers, rule: str, cfg: SamplingConfig,
               generator: torch.Generator | None = None) -> DraftTree:
-        """The static tree with the lookup mixed in, plus the lookup chain below a lookup-path leaf."""
-        found = self.lookup.propose(root)
-        chain = found[0] if found else []
+        """The static tree with the lookup mixed in, plus the lookup chain below a lookup-path leaf; or, when
+        the lookup matched a suffix n-gram of at least ``lookup_only_ngram`` tokens, the lookup chain alone
+        (point-mass laws, no head pass: the pending pairs wait for the next head draft)."""
+        found = self.lookup.propose_matches(root)
+        chain, ngram = found[0] if found else ([], 0)
+        if chain and self.lookup_only_ngram and ngram >= self.lookup_only_ngram:
+            self.cycles["lookup_only"] += 1
+            self.defer(root)
+            tree = chain_tree(root, chain, self.vocab, self.head.fc.weight.device)
+            tree.nodes = torch.arange(tree.num_nodes, device=tree.tokens.device)  # not the static tree's nodes
+            return tree
+        self.cycles["hybrid"] += 1
         device = self.head.fc.weight.device
         self._chain = torch.tensor(chain, dtype=torch.long, device=device) if chain else None
         try:

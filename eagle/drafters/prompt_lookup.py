@@ -24,7 +24,7 @@ import torch
 from ..drafting import Drafter, DraftTree, draft_tree_from_choices
 from ..rules import DRAFTING_RULES, draw_children
 
-__all__ = ["PromptLookupDrafter", "lookup_branches"]
+__all__ = ["PromptLookupDrafter", "chain_tree", "lookup_branches", "lookup_matches"]
 
 
 def lookup_branches(history: list, index: dict, max_ngram: int, min_ngram: int, branches: int,
@@ -38,8 +38,18 @@ def lookup_branches(history: list, index: dict, max_ngram: int, min_ngram: int, 
         Up to ``branches`` lists of 1..``depth`` tokens with distinct first tokens: the longest suffix n-gram
         with an earlier occurrence first, its most recent occurrences first, then shorter n-grams'.
     """
+    return [b for b, _ in lookup_matches(history, index, max_ngram, min_ngram, branches, depth)]
+
+
+def lookup_matches(history: list, index: dict, max_ngram: int, min_ngram: int, branches: int,
+                   depth: int) -> list[tuple[list[int], int]]:
+    """:func:`lookup_branches` with the length n of the suffix n-gram each branch was matched on.
+
+    Returns:
+        ``[(branch, n), ...]``: the branches of :func:`lookup_branches`, in its order.
+    """
     L = len(history)
-    found: list[list[int]] = []
+    found: list[tuple[list[int], int]] = []
     firsts: set = set()
     for n in range(max_ngram, min_ngram - 1, -1):
         if L < n:
@@ -51,7 +61,7 @@ def lookup_branches(history: list, index: dict, max_ngram: int, min_ngram: int, 
             if s >= L or history[s] in firsts:
                 continue
             firsts.add(history[s])
-            found.append(history[s:s + depth])
+            found.append((history[s:s + depth], n))
             if len(found) == branches:
                 return found
     return found
@@ -151,10 +161,15 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, root: int) -> list[list[int]]:
         """The continuations proposed after ``root`` (the last committed token, joining the text once)."""
+        return [b for b, _ in self.propose_matches(root)]
+
+    def propose_matches(self, root: int) -> list[tuple[list[int], int]]:
+        """:meth:`propose` with each branch's matched n-gram length (:func:`lookup_matches`)."""
         if not self._root_in:
             self._append([root])
             self._root_in = True
-        return self.proposals()
+        return lookup_matches(self.history, self._index, self.max_ngram, self.min_ngram, self.branches,
+                              self.depth)
 
     def draft(self, root: int, tree, rule: str, cfg, generator: torch.Generator | None = None) -> DraftTree:
         if rule not in DRAFTING_RULES:
@@ -188,6 +203,25 @@ class PromptLookupDrafter(Drafter):
                 if j + 1 < d:
                     laws[p] = ([b[j + 1]], [1.0])
         return choices, tokens, laws
+
+
+def chain_tree(root: int, chain: list, vocab: int, device) -> DraftTree:
+    """One looked-up chain as a drafted tree: node i+1 holds ``chain[i]``, every law a point mass on the next token
+    (the same tree under every drafting rule: one child per node, nothing drawn).
+
+    Args:
+        root: the last committed token; chain: ``[l_1, ..., l_D]`` (D >= 1); vocab: V (draft-law row width).
+
+    Returns:
+        :class:`~eagle.drafting.DraftTree` with D + 1 nodes on ``device``.
+    """
+    choices, tokens, laws = [], {(): int(root)}, {}
+    for j, t in enumerate(chain):
+        p = (0,) * (j + 1)
+        choices.append(p)
+        tokens[p] = int(t)
+        laws[p[:-1]] = ([int(t)], [1.0])
+    return draft_tree_from_choices(choices, tokens, laws, vocab, device)
 
 
 def _trie(root: int, found: list):
