@@ -250,6 +250,17 @@ def test_loads_a_folder_in_the_target_dtype(tmp_path):
         == torch.bfloat16
 
 
+def test_a_base_model_without_its_lm_head_is_refused(tmp_path):
+    """A folder holding the body only (LlamaModel, untied LM head) would load with a random LM head: refused in one
+    line naming the missing weights."""
+    from transformers import LlamaModel
+    torch.manual_seed(0)
+    LlamaModel(tiny_llama_config(vocab_size=V)).save_pretrained(tmp_path / "body")
+    with pytest.raises(ValueError, match=r"no weights for .*lm_head") as e:
+        DraftLMDrafter.for_model(target(), model_path_or_module=str(tmp_path / "body"))
+    assert "\n" not in str(e.value)
+
+
 # ------------------------------------------------------------------ the harness: --drafter-option
 def _check(tmp_path, *extra):
     from evaluation import specbench as SB

@@ -140,7 +140,8 @@ class DraftLMDrafter(Drafter):
         Raises:
             ValueError: see :meth:`check_options` (``unknown``: any other option); a vocabulary size other than
                 the target's (both numbers); a draft model whose logits are on another device than the target's;
-                a draft model that cannot be loaded (transformers' OSError / ValueError, first line).
+                a draft model that cannot be loaded (transformers' OSError / ValueError, first line), or a checkpoint
+                missing weights of the causal LM (e.g. a base model without its LM head).
         """
         cls.check_options({"model_path_or_module": model_path_or_module, "dtype": dtype, **unknown})
         dtype = _as_dtype(dtype)
@@ -153,11 +154,18 @@ class DraftLMDrafter(Drafter):
             w = model.lm_head.weight
             dt = dtype or (w.dtype if w.dtype.is_floating_point else torch.float32)
             try:
-                draft = AutoModelForCausalLM.from_pretrained(str(model_path_or_module), dtype=dt).to(device)
+                draft, info = AutoModelForCausalLM.from_pretrained(str(model_path_or_module), dtype=dt,
+                                                                   output_loading_info=True)
+                draft = draft.to(device)
             except (OSError, ValueError) as e:  # not found locally nor on the hub, no network, not a model: one line
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ValueError(f"drafter 'draft_lm': cannot load the draft model {model_path_or_module}: "
                                  f"{msg}") from None
+            missing = sorted(info.get("missing_keys") or [])
+            if missing:  # e.g. a base model without its LM head: transformers would fill them with random weights
+                raise ValueError(f"drafter 'draft_lm': the draft model {model_path_or_module} has no weights for "
+                                 f"{len(missing)} parameter(s) of {type(draft).__name__} (e.g. {missing[0]}); "
+                                 f"it is not a causal LM checkpoint (it would draft with random weights)")
         vocab = int(model.lm_head.weight.shape[0])
         out = draft.get_output_embeddings() if hasattr(draft, "get_output_embeddings") else None
         if out is not None and getattr(out, "weight", None) is not None:
