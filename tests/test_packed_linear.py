@@ -74,7 +74,7 @@ def test_temperature_zero_equals_greedy_with_fast_cpu(draft_vocab):
         assert m.drafter._draft_rows[2] is not None  # the draft-vocabulary rows are packed too
 
 
-@pytest.mark.parametrize("method", ["rrsw", "univer"])
+@pytest.mark.parametrize("method", [pytest.param("rrsw", marks=pytest.mark.slow), "univer"])
 def test_first_two_tokens_follow_target_with_fast_cpu(method):
     m = law_model()
     assert m.set_fast_cpu(True)

@@ -238,7 +238,8 @@ def test_rows_within_tolerance_give_the_normalised_law(method, seed):
 
 # ---- through the engine ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in ("rrsw", "greedy") else m
+                                    for m in METHODS])  # one per drafting rule in the default run (time)
 def test_engine_temperature_sweep_never_fails(method):
     """eagenerate from temperature 1e-4 to 2 on a tiny model whose head disagrees with the target
     (rejections), trees 2x5, chain4 and mc_sim_7b_63. Before the fix rrsw and greedy crashed here at
