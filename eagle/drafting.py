@@ -51,7 +51,8 @@ class DraftTree:
             attention of the target forward, see :func:`eagle.tree.additive_mask`).
         parents_list, tokens_list: the same parents and tokens on the host (lists of ints).
         nodes: LongTensor ``[n]`` (device) or None: the static tree's node of each drafted node (None
-            when nothing was pruned, i.e. node i is static node i).
+            when nothing was pruned, or for a tree the drafter shaped itself: :meth:`path_index` then uses the
+            static plan only when ``parents`` is the plan's own tensor).
         structure: the tree's :class:`~eagle.tree.TreeStructure` (children, levels, post-order), for
             the verifiers (saves them a host copy of ``parents``).
     """
@@ -72,8 +73,8 @@ class DraftTree:
 
     def path_index(self, node: int, plan=None) -> torch.Tensor:
         """LongTensor (device): node indices from the root down to ``node`` (no host sync when the
-        tree was not pruned and ``plan`` is the static tree's :class:`~eagle.tree.TreePlan`)."""
-        if self.nodes is None and plan is not None:
+        tree is ``plan``'s own, unpruned: ``parents`` is the plan's tensor; any other tree walks ``parents_list``)."""
+        if self.nodes is None and plan is not None and self.parents is plan.parents:
             return plan.path_index[node]
         par = self.parents_list
         path = [node]

@@ -130,9 +130,7 @@ class HybridDrafter(EagleTreeDrafter):
         if chain and self.lookup_only_ngram and ngram >= self.lookup_only_ngram:
             self.cycles["lookup_only"] += 1
             self.defer(root)
-            tree = chain_tree(root, chain, self.vocab, self.head.fc.weight.device)
-            tree.nodes = torch.arange(tree.num_nodes, device=tree.tokens.device)  # not the static tree's nodes
-            return tree
+            return chain_tree(root, chain, self.vocab, self.head.fc.weight.device)
         self.cycles["hybrid"] += 1
         device = self.head.fc.weight.device
         self._chain = torch.tensor(chain, dtype=torch.long, device=device) if chain else None

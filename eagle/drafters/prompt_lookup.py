@@ -194,15 +194,22 @@ class PromptLookupDrafter(Drafter):
             order = draw_children(q, k, rule, generator)[0].tolist()
             by_first = {b[0]: b for b in found}
             found = [by_first[t] for t in order]
-        choices, tokens, laws = [], {(): root}, {(): (firsts, [1.0 / k] * k)}
-        for r, b in enumerate(found):
-            for j in range(d):
-                p = (r,) + (0,) * j
-                choices.append(p)
-                tokens[p] = b[j]
-                if j + 1 < d:
-                    laws[p] = ([b[j + 1]], [1.0])
-        return choices, tokens, laws
+        return _chains(root, found, d)
+
+
+def _chains(root: int, found: list, d: int):
+    """Rank paths, tokens and laws of ``found``'s chains cut to length ``d``, in order (the root's law uniform
+    over their first tokens, point masses below)."""
+    k = len(found)
+    choices, tokens, laws = [], {(): root}, {(): ([b[0] for b in found], [1.0 / k] * k)}
+    for r, b in enumerate(found):
+        for j in range(d):
+            p = (r,) + (0,) * j
+            choices.append(p)
+            tokens[p] = b[j]
+            if j + 1 < d:
+                laws[p] = ([b[j + 1]], [1.0])
+    return choices, tokens, laws
 
 
 def chain_tree(root: int, chain: list, vocab: int, device) -> DraftTree:
@@ -215,13 +222,8 @@ def chain_tree(root: int, chain: list, vocab: int, device) -> DraftTree:
     Returns:
         :class:`~eagle.drafting.DraftTree` with D + 1 nodes on ``device``.
     """
-    choices, tokens, laws = [], {(): int(root)}, {}
-    for j, t in enumerate(chain):
-        p = (0,) * (j + 1)
-        choices.append(p)
-        tokens[p] = int(t)
-        laws[p[:-1]] = ([int(t)], [1.0])
-    return draft_tree_from_choices(choices, tokens, laws, vocab, device)
+    chain = [int(t) for t in chain]
+    return draft_tree_from_choices(*_chains(int(root), [chain], len(chain)), vocab, device)
 
 
 def _trie(root: int, found: list):
