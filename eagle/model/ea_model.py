@@ -298,7 +298,8 @@ class EaModel(nn.Module):
     @torch.no_grad()
     def target_forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache,
                        attention_mask: torch.Tensor | None = None,
-                       feature_layers: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       feature_layers: tuple | None = None,
+                       last_logits_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Target forward on top of ``cache``.
 
         Args:
@@ -308,9 +309,12 @@ class EaModel(nn.Module):
             feature_layers: None, or indices into transformers' ``hidden_states`` (a drafter's
                 :attr:`~eagle.drafting.Drafter.feature_layers`): the features are then those hidden states
                 concatenated in this order, ``[1, n, len * H]`` (``output_hidden_states=True``).
+            last_logits_only: compute the logits of the last position only (``[1, 1, V]``): a prefill needs
+                no others, and the lm_head over every prompt position is ~20% of a long prompt's prefill
+                (Hugging Face's ``logits_to_keep=1``).
 
         Returns:
-            ``(features [1, n, H], logits [1, n, V])``, both on :attr:`device` (the lm_head's); features
+            ``(features [1, n, H], logits [1, n, V])`` (``[1, 1, V]`` with ``last_logits_only``), both on :attr:`device` (the lm_head's); features
             are the last hidden states after the final norm (or the ``feature_layers``). The inputs go to the
             device of the target's input embedding (a sharded target moves activations between its layers itself).
 
@@ -330,10 +334,11 @@ class EaModel(nn.Module):
         out = body(input_ids=input_ids.to(inp), position_ids=position_ids.to(inp), attention_mask=attention_mask,
                    use_cache=True, **extra, **cache_kwargs(body, cache))
         hidden = out.last_hidden_state.to(self.device)
+        rows = hidden[:, -1:] if last_logits_only else hidden
         if self.float32_logits and hidden.dtype != torch.float32:
-            logits = self._float32_lm_head(hidden)
+            logits = self._float32_lm_head(rows)
         else:
-            logits = self.lm_head(hidden)
+            logits = self.lm_head(rows)
         if feature_layers is not None:
             hidden = torch.cat([out.hidden_states[i].to(self.device) for i in feature_layers], dim=-1)
         return hidden, logits
@@ -410,7 +415,7 @@ class EaModel(nn.Module):
         timer.start()
         cache = new_cache(self.base_model.config)
         n = input_ids.shape[1]
-        _, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache)
+        _, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache, last_logits_only=True)
         timer.lap("target_forward")
         out = []
         while True:
@@ -560,7 +565,7 @@ class EaModel(nn.Module):
         cache = new_cache(self.base_model.config)
         n = input_ids.shape[1]
         feats, logits = self.target_forward(input_ids, torch.arange(n, device=dev)[None], cache,
-                                            feature_layers=_feature_layers(drafter))
+                                            feature_layers=_feature_layers(drafter), last_logits_only=True)
         timer.lap("target_forward")
         drafter.start(input_ids, feats if drafter.needs_features else None)
         timer.lap("draft")
