@@ -344,6 +344,22 @@ class EagleTreeDrafter(Drafter):
         logits = torch.nn.functional.linear(hidden, rows, None if bias is None else bias[d2t])
         return logits.float(), d2t
 
+    def frontier_law(self, front, q: torch.Tensor, d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The law a dynamic tree's frontier children are chosen from (the hook of :meth:`expand_dynamic`).
+
+        Args:
+            front: the :class:`~eagle.tree.dynamic.Frontier` (None: the root's row, called first);
+            q: float ``[w, K]`` the head's processed draft law of each frontier node; d2t: as
+                :meth:`level_law` (None: K = V).
+
+        Returns:
+            ``(q, d2t)``: here unchanged. An override may change the rows and the columns, but must return the
+            same ``d2t`` (or None) for every call of one expansion (the expansion's token map is fixed), and the
+            same laws :meth:`level_law` gives the same nodes (``topk_residual`` redrafts the chosen shape as a
+            static tree through :meth:`expand`).
+        """
+        return q, d2t
+
     def level_law(self, d: int, expand: torch.Tensor, q: torch.Tensor, d2t: torch.Tensor | None,
                   tokens: torch.Tensor, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The law the children of one tree level are drawn from (a hook for drafters built on this one).
@@ -500,9 +516,9 @@ class EagleTreeDrafter(Drafter):
                             position_ids=torch.full_like(front.tokens, committed - 1 + front.depth)[None],
                             attention_mask=additive_mask(front.visible, committed, mask_dtype), cache=head_cache)
             hidden_rows.append(out[0])
-            return law(out[0])[0]
+            return self.frontier_law(front, *law(out[0]))[0]
 
-        root_q, d2t = law(root_hidden[None])
+        root_q, d2t = self.frontier_law(None, *law(root_hidden[None]))
         try:
             ex = expand_dynamic(tree, root_q[0], laws_of, stable_topk, token_map=d2t)
         finally:

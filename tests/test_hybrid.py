@@ -341,3 +341,94 @@ def test_skipped_head_cycles_keep_the_head_cache(model):
 def test_lookup_only_bad_option(model):
     with pytest.raises(ValueError, match="lookup_only_ngram"):
         HybridDrafter.for_model(model, lookup_only_ngram=-1)
+
+
+# ---- EAGLE-2 dynamic trees with the lookup mixed in ---------------------------------------------------
+
+DYN_SHAPES = ["eagle2:nodes=3,depth=2,topk=2", "eagle2:nodes=4,depth=3,topk=2", "eagle2:nodes=5,depth=3,topk=3"]
+
+
+@pytest.mark.parametrize("method", ["argmax", "greedy", "univer"])
+def test_dynamic_hybrid_lossless_by_enumeration(method):
+    """The dynamic shape is chosen from the MIXED laws of each context (a deterministic function of it), then
+    drafted under the rule as a static hybrid tree with the chain below a lookup-path leaf: the emitted text's
+    law equals the target's (3 dynamic specs x 4 lookups x 2 weights, regimes rotating)."""
+    from test_dynamic_tree import dynamic_of
+
+    from eagle.tree import parse_dynamic_tree
+    for i, spec in enumerate(DYN_SHAPES):
+        tree = parse_dynamic_tree(spec)
+        for j, chain in enumerate(LOOKUPS):
+            for w in (0.5, 0.8):
+                regime = REGIMES[(i + j) % len(REGIMES)]
+                cls = OneHotHybridLaws if method == "argmax" else HybridLaws
+                laws = cls(regime, 11 * i + j, chain, w)
+                choices = dynamic_of(tree, lambda path: laws.mixed(path, 1)).choices
+                err = hybrid_law_error(method, choices, laws)
+                assert err < TOL, f"{method} on dynamic hybrid {spec} lookup {chain} w {w} ({regime}): {err:.3g}"
+
+
+@pytest.mark.parametrize("tree", ["eagle2:nodes=4,depth=3,topk=2", "eagle2:nodes=10,depth=4,topk=3"])
+def test_dynamic_temperature0_equals_greedy(model, tree):
+    out = model.eagenerate(PROMPT, temperature=0.0, max_new_tokens=40, drafter="hybrid", tree_choices=tree)
+    assert torch.equal(out, model.naivegenerate(PROMPT, temperature=0.0, max_new_tokens=40))
+
+
+def test_dynamic_temperature0_equals_greedy_with_a_draft_vocabulary():
+    m = tiny_ea_model(vocab_size=32, seed=1)
+    m.ea_layer.set_draft_vocab(torch.tensor([0, 1, 2, 3, 5, 8, 13, 21]))  # most lookup tokens lie outside it
+    out = m.eagenerate(PROMPT, temperature=0.0, max_new_tokens=40, drafter="hybrid",
+                       tree_choices="eagle2:nodes=6,depth=3,topk=2")
+    assert torch.equal(out, m.naivegenerate(PROMPT, temperature=0.0, max_new_tokens=40))
+
+
+@pytest.mark.parametrize("method", ["greedy", "univer"])
+def test_dynamic_seeded_reproducible(model, method):
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        outs.append(model.eagenerate(PROMPT, temperature=1.0, max_new_tokens=24, drafter="hybrid", verifier=method,
+                                     tree_choices="eagle2:nodes=6,depth=3,topk=2"))
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("method", ["rrsw", "traversal"])
+def test_dynamic_wor_refused_in_one_line(model, method):
+    with pytest.raises(ValueError, match="hybrid") as e:
+        model.eagenerate(PROMPT, temperature=1.0, max_new_tokens=4, drafter="hybrid", verifier=method,
+                         tree_choices="eagle2:nodes=4,depth=3,topk=2")
+    assert "\n" not in str(e.value) and method in str(e.value)
+
+
+@pytest.mark.parametrize("rule", ["topk", "topk_residual"])
+def test_dynamic_tree_invariants(model, rule):
+    """The looked-up token is the root's first child with mixture mass >= w, the lookup path is expanded as
+    long as its mass leads, and the rest of the chain hangs below its leaf as point masses."""
+    from eagle.model.kv_cache import new_cache
+    from eagle.sampling import SamplingConfig
+    from eagle.tree import parse_dynamic_tree
+    d = HybridDrafter.for_model(model, depth=4, lookup_weight=0.9)
+    cache = new_cache(model.base_model.config)
+    with torch.no_grad():
+        feats, _ = model.target_forward(PROMPT, torch.arange(PROMPT.shape[1])[None], cache)
+    d.start(PROMPT, feats)
+    draft = d.draft(4, parse_dynamic_tree("eagle2:nodes=3,depth=2,topk=2"), rule, SamplingConfig(1.0),
+                    torch.Generator().manual_seed(0))
+    chain = d.lookup.proposals()[0]
+    assert len(chain) == 4
+    par, tok = draft.parents_list, draft.tokens_list
+    assert tok[1] == chain[0] and float(draft.draft_probs[0, chain[0]]) >= 0.9
+    # w = 0.9: the lookup path's score 0.9^d leads every other candidate, so l_1, l_2 are kept (depth 2),
+    # then l_3, l_4 hang below l_2 as a chain of point masses
+    v, path = 0, []
+    while True:
+        kids = [c for c in range(1, len(par)) if par[c] == v and tok[c] == chain[len(path)]] if len(path) < 4 else []
+        if not kids:
+            break
+        v = kids[0]
+        path.append(tok[v])
+    assert path == chain
+    for u in range(len(par)):
+        kids = [c for c in range(1, len(par)) if par[c] == u]
+        if draft.depth[u] >= 2 and kids:
+            assert len(kids) == 1 and float(draft.draft_probs[u].max()) == 1.0

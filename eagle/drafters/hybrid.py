@@ -66,6 +66,8 @@ class HybridDrafter(EagleTreeDrafter):
     needs_features = True
     uses_tree = True
     drafting_rules = DRAFTING_RULES
+    #: EAGLE-2 dynamic trees with the lookup mixed in (:meth:`frontier_law`; read on this class only)
+    dynamic_trees = True
 
     #: the options of :meth:`for_model` (and ``__init__``) with their defaults
     OPTIONS = {"lookup_weight": 0.5, "max_ngram": 3, "min_ngram": 1, "depth": 10, "lookup_only_ngram": 0}
@@ -82,6 +84,7 @@ class HybridDrafter(EagleTreeDrafter):
         self.lookup = PromptLookupDrafter(vocab, device, max_ngram=max_ngram, min_ngram=min_ngram, depth=depth,
                                           branches=1)
         self._chain = None  # LongTensor [D] of the current cycle's lookup (None: no proposal)
+        self._rows_on = None  # BoolTensor: the dynamic expansion's law rows on the lookup path (frontier_law)
 
     @classmethod
     def _check_values(cls, lookup_weight=0.5, max_ngram=3, min_ngram=1, depth=10, lookup_only_ngram=0) -> None:
@@ -141,6 +144,34 @@ class HybridDrafter(EagleTreeDrafter):
         if not chain:
             return draft
         return append_chain(draft, chain)
+
+    def frontier_law(self, front, q, d2t):
+        """A dynamic tree's laws: over the full vocabulary (the looked-up token may lie outside a draft
+        vocabulary), ``delta(l_{d+1})`` mixed into the rows of lookup-path nodes (device only; no host read).
+
+        A frontier node is on the lookup path iff its parent's row is and its token is ``l_d``; the flags of the
+        rows made so far live in ``self._rows_on`` (row 0: the root)."""
+        chain = self._chain
+        if chain is None:
+            return q, d2t
+        if d2t is not None:  # to the full vocabulary, so every call of the expansion has one token map (None)
+            q = q.new_zeros(q.shape[0], self.vocab).index_add_(1, d2t.to(q.device), q)
+        D = chain.shape[0]
+        if front is None:
+            d, on = 0, torch.ones(1, dtype=torch.bool, device=q.device)
+            self._rows_on = on
+        else:
+            d = int(front.depth)
+            if d - 1 < D:
+                on = self._rows_on[front.parent_rows] & (front.tokens == chain[d - 1])
+            else:
+                on = torch.zeros(front.tokens.shape[0], dtype=torch.bool, device=q.device)
+            self._rows_on = torch.cat([self._rows_on, on])
+        if d >= D:
+            return q, None
+        w = self.lookup_weight
+        bump = torch.nn.functional.one_hot(chain[d], self.vocab).to(q.dtype)  # [V]
+        return torch.where(on[:, None], (1.0 - w) * q + w * bump[None, :], q), None
 
     def level_law(self, d, expand, q, d2t, tokens, plan):
         """Mix ``delta(l_{d+1})`` into the rows of lookup-path nodes (device only; no host read)."""
