@@ -719,6 +719,24 @@ def _costs(model, temperature, top_p, top_k, verifier, contexts, refresh, cache_
     return cost, details, f"measured in {details['seconds']:.0f} s"
 
 
+def machine_cost(model, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, *, verifier: str = "rrsw",
+                 refresh: bool = False, cache_root=None, verbose: bool = True) -> CycleCost:
+    """This machine's cycle cost model for ``model`` (the one tree ``auto`` is fitted with): cached on disk
+    (:func:`cost_key`), else measured (:func:`measure_costs`, 20-60 s on the embedded default on 2 cores).
+
+    Returns:
+        :class:`~eagle.tree.auto.CycleCost` (seconds).
+    """
+    if cache_root is None:
+        from .model.default import cache_dir
+
+        cache_root = cache_dir()
+    cost, _, note = _costs(model, temperature, top_p, top_k, verifier, None, refresh, cache_root, verbose, None)
+    if verbose:
+        print(f"[cycle cost] {note}: decode step {cost.decode_s * 1e3:.1f} ms", file=sys.stderr)
+    return cost
+
+
 def resolve_auto_tree(model, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, *,
                       verifier: str = "rrsw", max_nodes: int = 64, refresh: bool = False, cache_root=None,
                       contexts=None, verbose: bool = True, measure_kwargs: dict | None = None,

@@ -53,7 +53,8 @@ def test_spec_defaults_and_forms():
 
 BAD_SPECS = ["eagle2:", "eagle2x", "eagle2:nodes", "eagle2:nodes=", "eagle2:nodes=0", "eagle2:nodes=-3",
              "eagle2:nodes=2.5", "eagle2:nodes=abc", "eagle2:width=3", "eagle2:nodes=3,nodes=4", "eagle2;nodes=3",
-             "eagle2:nodes=11,depth=1,topk=10", "eagle2:nodes=7,depth=2,topk=2", "eagle2:nodes=3,,depth=2"]
+             "eagle2:nodes=11,depth=1,topk=10", "eagle2:nodes=7,depth=2,topk=2", "eagle2:nodes=3,,depth=2",
+             "eagle2:adapt=2", "eagle2:adapt=yes", "eagle2:adapt=1,adapt=1"]
 
 
 @pytest.mark.parametrize("spec", BAD_SPECS)
@@ -541,8 +542,100 @@ def test_harness_accepts_and_refuses_dynamic_trees():
     A.check_dynamic_trees([("--speed-tree", "eagle2", ["univer"])], "eagle", 1.0)
     for trees, flag, words in (([("--tree", "eagle2", ["univer", "rrsw"])], "--tree", "'rrsw'"),
                                ([("--speed-tree", "eagle2", ["traversal"])], "--speed-tree", "'traversal'"),
-                               ([("--tree", "eagle2", ["univer"])], "--tree", "'hybrid'")):
+                               ([("--tree", "eagle2", ["univer"])], "--tree", "'draft_lm'")):
         with pytest.raises(A.UsageError) as e:
-            A.check_dynamic_trees(trees, "hybrid" if "'hybrid'" in words else "eagle", 1.0)
+            A.check_dynamic_trees(trees, "draft_lm" if "'draft_lm'" in words else "eagle", 1.0)
         assert str(e.value).startswith(flag + ":") and words in str(e.value) and "\n" not in str(e.value)
     assert A.coincidence_note("eagle2", 1.0, ["greedy", "univer"]) is None
+
+
+# ---- adaptive trees (adapt=1): the node count chosen per cycle from the draft laws and the cycle costs ----
+
+
+def _costs(nodes, step=0.01, base=0.05):
+    return tuple(base + step * n for n in range(1, nodes + 1))
+
+
+def test_adaptive_spec_round_trip_and_costs():
+    from eagle.tree.auto import CycleCost
+    t = parse_dynamic_tree("eagle2:nodes=6,depth=3,topk=2,adapt=1")
+    assert t.adapt and t.cycle_s is None and parse_dynamic_tree(t.spec) == t and t.spec.endswith(",adapt=1")
+    assert parse_dynamic_tree("eagle2:nodes=6,depth=3,topk=2,adapt=0") == DynamicTree(6, 3, 2)
+    c = CycleCost(target_tokens=(1, 2, 4, 8), target_s=(0.05, 0.06, 0.08, 0.1), draft_level_s=0.01, fixed_s=0.002)
+    tc = t.with_cycle_cost(c)
+    assert tc == t and len(tc.cycle_s) == 6 and tc.cycle_s[0] == pytest.approx(c.cycle_s(1, 3))
+    for bad in ((0.1,) * 5, (0.1,) * 5 + (float("nan"),), (0.1,) * 5 + (0.0,)):
+        with pytest.raises(ValueError, match="cycle_s"):
+            DynamicTree(6, 3, 2, adapt=True, cycle_s=bad)
+
+
+def test_adaptive_budget_keeps_the_best_rate_prefix():
+    """n maximises (1 + sum of the n best exp(score))/cycle_s[n-1]; the kept set is the n best (checked against
+    a brute force), and without costs the selection refuses in one line."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        C, nodes = 12, 8
+        score = torch.log(torch.rand(C, generator=g).clamp(min=1e-3)) * 2
+        order = torch.sort(score, descending=True, stable=True).indices[:nodes]
+        secs = tuple(sorted((0.05 + 0.2 * torch.rand(nodes, generator=g)).tolist()))
+        tree = DynamicTree(nodes, 3, 4, adapt=True, cycle_s=secs)
+        kept = dyn.adaptive_budget(score, order, tree)
+        rates = [(1 + sum(math.exp(float(score[i])) for i in order[:n].tolist())) / secs[n - 1]
+                 for n in range(1, nodes + 1)]
+        n = max(range(nodes), key=lambda i: (rates[i], -i)) + 1
+        assert kept.tolist() == [i in order[:n].tolist() for i in range(C)], trial
+    with pytest.raises(ValueError, match="adapt"):
+        dyn.adaptive_budget(score, order, DynamicTree(nodes, 3, 4, adapt=True))
+
+
+def test_adaptive_trees_grow_with_the_drafts_confidence():
+    """A confident draft (one token per law at mass 0.95) keeps the deep chain; a flat one keeps one node."""
+    V = 4
+
+    def peaked(path):
+        return torch.tensor([0.95, 0.03, 0.01, 0.01], dtype=F64)
+
+    def flat(path):
+        return torch.full((V,), 0.25, dtype=F64)
+
+    tree = DynamicTree(6, 4, 2, adapt=True, cycle_s=_costs(6, 0.02))
+    assert dynamic_of(tree, peaked).choices[:4] == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
+    assert dynamic_of(tree, flat).choices == [[0]]
+
+
+ADAPT_SETTINGS = [DynamicTree(4, 3, 2, adapt=True, cycle_s=_costs(4, 0.02)),
+                  DynamicTree(6, 3, 3, adapt=True, cycle_s=_costs(6, 0.004)),
+                  DynamicTree(5, 2, 3, adapt=True, cycle_s=_costs(5, 0.05, 0.02))]
+
+
+@pytest.mark.parametrize("tree,method", [(t, m) for t in ADAPT_SETTINGS for m in ("argmax", "greedy", "univer")],
+                         ids=lambda x: str(x))
+def test_adaptive_trees_are_lossless(tree, method):
+    """The adaptive shape is a function of the draft laws (and fixed costs) only: lossless as a dynamic tree."""
+    ver = get_verifier(method)
+    V = 4
+    sizes = set()
+    for i, regime in enumerate(REGIMES):
+        laws = (OneHotTargetLaws if method == "argmax" else Laws)(V, regime, seed=700 + 7 * i + tree.nodes)
+        res = dynamic_of(tree, lambda p: laws(p, "draft"))
+        sizes.add(len(res.choices))
+        err, tau = text_law_error(ver.outcome_probs, res.choices, ver.drafting, laws, root_token=i % V)
+        assert err < TOL, f"{method} on {tree} ({regime}): max error {err:.3g}"
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid"])
+def test_adaptive_temperature_zero_equals_plain_greedy(model, drafter):
+    """Also: the aligned head's confident cycles keep more than one node, and some cycles fewer than all."""
+    tree = DynamicTree(10, 4, 3, adapt=True, cycle_s=_costs(10, 0.005))
+    out, st = model.eagenerate(IDS, temperature=0.0, max_new_tokens=40, drafter=drafter, tree_choices=tree,
+                               return_stats=True)
+    assert torch.equal(out, model.naivegenerate(IDS, temperature=0.0, max_new_tokens=40))
+    assert sum(st["accept_lengths"]) > len(st["accept_lengths"])
+
+
+@pytest.mark.parametrize("method", ["greedy", "univer"])
+def test_adaptive_temperature_one_is_seeded_reproducible(model, method):
+    tree = DynamicTree(8, 3, 3, adapt=True, cycle_s=_costs(8, 0.005))
+    outs = [model.eagenerate(IDS, temperature=1.0, max_new_tokens=24, verifier=method, tree_choices=tree, seed=4)
+            for _ in range(2)]
+    assert torch.equal(outs[0], outs[1])

@@ -453,10 +453,26 @@ class EaModel(nn.Module):
         tree = None
         if d.uses_tree:
             spec = tree_choices if tree_choices is not None else self.tree_choices
-            tree = build_any_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
+            tree = self._tree_for_call(spec, cfg)
             if isinstance(tree, DynamicTree):  # EAGLE-2 dynamic tree: the drafter and the rule must allow it
                 check_dynamic_tree(tree, d, v.drafting, v.name)
         return cfg, v, tree, d
+
+    def _tree_for_call(self, spec, cfg):
+        """The tree a call drafts: ``spec`` resolved (:meth:`resolve_tree`) and built; an adaptive dynamic tree
+        (``adapt=1``) gets this machine's cycle costs (:func:`eagle.autotree.machine_cost`: measured once per
+        machine and cached on disk, remembered per model object)."""
+        tree = build_any_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
+        if isinstance(tree, DynamicTree) and tree.adapt and tree.cycle_s is None:
+            key = (0.0, 1.0, 0) if cfg.temperature == 0 else (float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
+            memo = self.__dict__.setdefault("_cycle_costs", {})
+            state = (key, self.fast_cpu, id(getattr(self.ea_layer, "d2t", None)))
+            if state not in memo:
+                from ..autotree import machine_cost  # measures with this model (duck-typed, no cycle)
+
+                memo[state] = machine_cost(self, *key)
+            tree = tree.with_cycle_cost(memo[state])
+        return tree
 
     def resolve_tree(self, spec, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
         """``spec`` unchanged, except ``"auto"``: the static tree fitted to this model, head and machine at
@@ -674,8 +690,7 @@ class EaModel(nn.Module):
                              f"{list(d.drafting_rules)})")
         tree = None
         if d.uses_tree:
-            tree = build_any_tree(self.resolve_tree(tree_choices if tree_choices is not None else self.tree_choices,
-                                                    cfg.temperature, cfg.top_p, cfg.top_k))
+            tree = self._tree_for_call(tree_choices if tree_choices is not None else self.tree_choices, cfg)
             if isinstance(tree, DynamicTree):
                 check_dynamic_tree(tree, d, drafting)
         input_ids = self._prepare(input_ids, 1)

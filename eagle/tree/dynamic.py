@@ -27,8 +27,9 @@ verification; the drafter passes its laws (a callback) and its top-k function in
 """
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -38,13 +39,13 @@ from .structure import TreeStructure, tree_structure
 
 __all__ = ["DynamicTree", "EAGLE2", "DYNAMIC_RULES", "parse_dynamic_tree", "is_dynamic_tree", "build_any_tree",
            "check_dynamic_tree", "supports_dynamic_trees", "Frontier", "DynamicExpansion", "DynamicDraft",
-           "expand_dynamic", "finish_dynamic"]
+           "expand_dynamic", "finish_dynamic", "adaptive_budget"]
 
 #: drafting rules under which a dynamic tree is lossless (a deterministic shape; see the module docstring)
 DYNAMIC_RULES = ("topk", "topk_residual")
 
-_KEYS = ("nodes", "depth", "topk")
-_FORM = "'eagle2' or 'eagle2:nodes=N,depth=D,topk=K' (any of the keys, positive integers)"
+_KEYS = ("nodes", "depth", "topk", "adapt")
+_FORM = "'eagle2' or 'eagle2:nodes=N,depth=D,topk=K[,adapt=1]' (any of the keys; N, D, K positive integers)"
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,22 @@ class DynamicTree:
     nodes: int
     depth: int
     top_k: int
+    adapt: bool = False
+    #: seconds of a cycle keeping n = 1 .. nodes draft nodes (``adapt``; set by :meth:`with_cycle_cost`)
+    cycle_s: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         for k, v in (("nodes", self.nodes), ("depth", self.depth), ("topk", self.top_k)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"dynamic tree: {k} must be a positive integer, got {v!r}")
+        if not isinstance(self.adapt, bool):
+            raise ValueError(f"dynamic tree: adapt must be a bool, got {self.adapt!r}")
+        if self.cycle_s is not None:
+            c = tuple(float(x) for x in self.cycle_s)
+            if len(c) != self.nodes or not all(math.isfinite(x) and x > 0 for x in c):
+                raise ValueError(f"dynamic tree: cycle_s must hold {self.nodes} finite positive seconds (n = 1 .. "
+                                 f"nodes), got {len(c)} values")
+            object.__setattr__(self, "cycle_s", c)
         if self.nodes > self.candidates:
             raise ValueError(f"dynamic tree: nodes={self.nodes} exceeds the {self.candidates} candidates that "
                              f"depth={self.depth}, topk={self.top_k} make (topk + (depth-1) * topk^2)")
@@ -77,7 +89,12 @@ class DynamicTree:
     @property
     def spec(self) -> str:
         """The canonical spec string (``parse_dynamic_tree(t.spec) == t``)."""
-        return f"eagle2:nodes={self.nodes},depth={self.depth},topk={self.top_k}"
+        return f"eagle2:nodes={self.nodes},depth={self.depth},topk={self.top_k}" + (",adapt=1" if self.adapt else "")
+
+    def with_cycle_cost(self, cost) -> "DynamicTree":
+        """This spec with ``cycle_s`` from a cycle cost model (``cost.cycle_s(n, depth)``, e.g.
+        :class:`~eagle.tree.auto.CycleCost`: seconds of a cycle with n draft nodes of depth ``self.depth``)."""
+        return replace(self, cycle_s=tuple(float(cost.cycle_s(n, self.depth)) for n in range(1, self.nodes + 1)))
 
     def __str__(self) -> str:
         return self.spec
@@ -114,7 +131,7 @@ def parse_dynamic_tree(spec) -> DynamicTree | None:
         return EAGLE2
     if not rest.startswith(":") or rest == ":":
         raise ValueError(f"malformed dynamic tree {spec!r}: use {_FORM}")
-    vals = {"nodes": EAGLE2.nodes, "depth": EAGLE2.depth, "topk": EAGLE2.top_k}
+    vals = {"nodes": EAGLE2.nodes, "depth": EAGLE2.depth, "topk": EAGLE2.top_k, "adapt": 0}
     seen = set()
     for item in rest[1:].split(","):
         key, eq, val = (x.strip() for x in item.partition("="))
@@ -124,11 +141,14 @@ def parse_dynamic_tree(spec) -> DynamicTree | None:
         if key in seen:
             raise ValueError(f"malformed dynamic tree {spec!r}: {key} given twice")
         seen.add(key)
-        if not re.fullmatch(r"\d+", val) or int(val) < 1:
+        if key == "adapt":
+            if val not in ("0", "1"):
+                raise ValueError(f"malformed dynamic tree {spec!r}: adapt must be 0 or 1, got {val!r}")
+        elif not re.fullmatch(r"\d+", val) or int(val) < 1:
             raise ValueError(f"malformed dynamic tree {spec!r}: {key} must be a positive integer, got {val!r}")
         vals[key] = int(val)
     try:
-        return DynamicTree(nodes=vals["nodes"], depth=vals["depth"], top_k=vals["topk"])
+        return DynamicTree(nodes=vals["nodes"], depth=vals["depth"], top_k=vals["topk"], adapt=bool(vals["adapt"]))
     except ValueError as e:
         raise ValueError(f"malformed dynamic tree {spec!r}: {str(e).split(': ', 1)[1]}") from None
 
@@ -349,10 +369,44 @@ def expand_dynamic(tree: DynamicTree, root_law: torch.Tensor, laws_of: Callable[
         base += w * m
     score_t = torch.cat(score)
     C = score_t.numel()
-    kept = torch.sort(_best(score_t, min(tree.nodes, C))).values
+    order = _best(score_t, min(tree.nodes, C))  # score order
+    kept = torch.sort(order).values
+    kept_ok = score_t[kept] > float("-inf")
+    if tree.adapt:
+        kept_ok &= adaptive_budget(score_t, order, tree)[kept]
     return DynamicExpansion(token=torch.cat(token), parent=torch.cat(parent), rank=torch.cat(rank),
                             depth=torch.cat(depth), score=score_t, row=cand_row[:C], laws=torch.cat(laws, 0),
-                            token_map=token_map, kept=kept, kept_ok=score_t[kept] > float("-inf"))
+                            token_map=token_map, kept=kept, kept_ok=kept_ok)
+
+
+def adaptive_budget(score: torch.Tensor, order: torch.Tensor, tree: DynamicTree) -> torch.Tensor:
+    """Which candidates an adaptive tree keeps this cycle (device only, no host read).
+
+    With the candidates in score order ``s_(1) >= s_(2) >= ...`` (``order``), keeping the first n predicts
+    ``1 + sum_{i <= n} exp(s_(i))`` tokens per cycle (EAGLE-2's reading of a node's cumulative draft probability
+    as its chance of being accepted) at ``tree.cycle_s[n - 1]`` seconds; the n of the highest predicted
+    tokens per second is kept (ties to the smaller n). The first n of the score order are closed under
+    ancestors (a child never outscores its parent, ties to the candidate made first), so the kept set is a tree.
+
+    Args:
+        score: float ``[C]`` candidates' log cumulative draft probabilities; order: LongTensor ``[s]`` the best
+            ``s = min(nodes, C)`` candidates in score order; tree: its ``cycle_s`` set.
+
+    Returns:
+        BoolTensor ``[C]``: True on the kept candidates.
+
+    Raises:
+        ValueError: ``tree.cycle_s`` unset (the engine sets it from the machine's cost model).
+    """
+    if tree.cycle_s is None:
+        raise ValueError(f"dynamic tree {tree.spec!r}: adapt needs the cycle costs (DynamicTree.with_cycle_cost)")
+    s = order.numel()
+    gain = 1.0 + torch.cumsum(torch.exp(score[order].double()), 0)  # [s]
+    secs = torch.tensor(tree.cycle_s[:s], dtype=torch.float64, device=score.device)
+    rate = gain / secs
+    n = torch.argmax(rate)  # first maximum: the smaller n on ties
+    keep = torch.arange(s, device=score.device) <= n
+    return torch.zeros_like(score, dtype=torch.bool).scatter_(0, order, keep)
 
 
 def finish_dynamic(ex: DynamicExpansion, root_token: int, vocab: int, extra: torch.Tensor | None = None,
