@@ -128,7 +128,7 @@ def test_parse_ours_names_every_drafter_and_dynamic_trees(heads):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--ours", "hybrid:eagle2"], "static trees only"),
+    (["--ours", "draft_lm@model_path_or_module=org/x:eagle2"], "static trees only"),
     (["--temperature", "1", "--verifier", "rrsw", "--ours", "eagle:eagle2"], "'rrsw'"),
     (["--ours", "eagle:eagle2:nodes=0"], "malformed dynamic tree"),
     (["--ours", "draft_lm"], "needs model_path_or_module"),

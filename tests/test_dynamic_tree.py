@@ -639,3 +639,23 @@ def test_adaptive_temperature_one_is_seeded_reproducible(model, method):
     outs = [model.eagenerate(IDS, temperature=1.0, max_new_tokens=24, verifier=method, tree_choices=tree, seed=4)
             for _ in range(2)]
     assert torch.equal(outs[0], outs[1])
+
+
+def test_a_default_dynamic_tree_falls_back_where_it_cannot_be_drafted():
+    """A model whose default tree is dynamic, with a static fallback: calls whose rule (rrsw / traversal at
+    temperature > 0) or drafter (prompt_lookup picks its own shape; draft_lm drafts static trees) cannot draft it
+    run on the fallback; the same dynamic tree passed explicitly is still refused in one line."""
+    m = tiny_ea_model(vocab_size=64, seed=0, aligned=True)
+    m.tree_choices, m.fallback_tree_choices = "eagle2:nodes=4,depth=3,topk=2", [[0], [1], [0, 0]]
+    out = m.eagenerate(IDS, temperature=0.0, max_new_tokens=24)
+    assert torch.equal(out, m.naivegenerate(IDS, max_new_tokens=24))
+    for method in ("rrsw", "traversal"):
+        a = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5)
+        b = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5, tree_choices=[[0], [1], [0, 0]])
+        assert torch.equal(a, b)  # the fallback tree, drawn alike
+        with pytest.raises(ValueError, match=method) as e:
+            m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier=method, tree_choices=m.tree_choices)
+        assert "\n" not in str(e.value)
+    m.fallback_tree_choices = None
+    with pytest.raises(ValueError, match="rrsw"):
+        m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier="rrsw")

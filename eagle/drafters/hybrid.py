@@ -22,6 +22,12 @@ rule from ONE law, the law the verifier is given, so each verifier's proof appli
    is a function of the committed text, so each cycle's tree is still a draw under the rule from the laws
    the verifier is given.
 
+5. Dynamic trees (``tree_choices="eagle2:..."``, rules ``topk`` / ``topk_residual``): the EAGLE-2 expansion runs
+   on the mixed laws (:meth:`HybridDrafter.frontier_law`: a frontier node is on the lookup path iff its parent is
+   and its token is ``l_d``), so the looked-up path's cumulative probability is at least ``w^d`` and it is
+   expanded while that leads; the chosen shape is a function of the mixed draft laws, drafted under the rule
+   as a static hybrid tree (step 2), and the chain hangs below a lookup-path leaf as in step 3.
+
 So the tree's shape depends on the context, on each node's rank path (the static tree) and on its own token
 path (the chain), never on a sibling's draw or on the target; the laws on every node are functions of its
 path. The exact-enumeration tests (``tests/test_hybrid.py``) check every verifier on these trees (every tree

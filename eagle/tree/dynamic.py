@@ -22,6 +22,14 @@ Spec strings: ``"eagle2"`` (EAGLE-2's setting: 60 tokens per target forward incl
 the keys; ``nodes`` counts draft nodes below the root). A drafter opts in with the class attribute
 ``dynamic_trees = True``, read on its own class only (a subclass that changes the laws must opt in again).
 
+Adaptive trees (``adapt=1``, e.g. ``"eagle2:nodes=10,depth=3,topk=3,adapt=1"``): ``nodes`` is a bound, and each
+cycle keeps the n best candidates that maximise the predicted tokens per second,
+``(1 + sum of the n best cumulative draft probabilities) / cycle_s[n - 1]`` (:func:`adaptive_budget`), where
+``cycle_s`` are this machine's cycle seconds per node count (the engine fills them from the cost model tree
+``auto`` is fitted with, :func:`eagle.autotree.machine_cost`). A confident draft keeps a deep tree, a flat one a
+single node. n is a function of the draft laws and fixed costs, so the shape still depends on the draft laws
+only: the same rules stay lossless (exact enumeration in ``tests/test_dynamic_tree.py``).
+
 This module is layer 0 (``tests/test_layering.py``): it imports nothing from drafting, rules or
 verification; the drafter passes its laws (a callback) and its top-k function in.
 """
