@@ -344,7 +344,8 @@ class EagleTreeDrafter(Drafter):
         logits = torch.nn.functional.linear(hidden, rows, None if bias is None else bias[d2t])
         return logits.float(), d2t
 
-    def frontier_law(self, front, q: torch.Tensor, d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def frontier_law(self, front, q: torch.Tensor,
+                     d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The law a dynamic tree's frontier children are chosen from (the hook of :meth:`expand_dynamic`).
 
         Args:

@@ -292,12 +292,20 @@ def run(model, questions: Sequence[dict], contenders: Sequence[Contender], *, te
                             "prompt_tokens": int(ids.shape[1]), "results": {c.key: res[c.key] for c in contenders}})
     return {"questions": records, "contenders": [asdict(c) | {"label": c.label} for c in contenders],
             "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-            "default_resolved": _default_resolved(model, temperature)}
+            "default_resolved": _default_resolved(model, temperature, verifier)}
 
 
-def _default_resolved(model, temperature: float) -> dict:
-    """What the API defaults ran: the model's drafter, default tree (rank paths when ``auto``) and verifier."""
+def _default_resolved(model, temperature: float, verifier: str = "univer") -> dict:
+    """What the API defaults ran: the model's drafter, default tree (rank paths when ``auto``; the fallback static
+    tree where the call's rule cannot draft the default dynamic one) and verifier."""
+    from eagle.tree.dynamic import DYNAMIC_RULES, is_dynamic_tree
+    from eagle.verify.registry import select_verifier
+
     tree = getattr(model, "tree_choices", None)
+    fallback = getattr(model, "fallback_tree_choices", None)
+    if fallback is not None and is_dynamic_tree(tree) and temperature > 0:
+        if select_verifier(verifier, temperature).drafting not in DYNAMIC_RULES:
+            tree = fallback
     try:
         resolved = model.resolve_tree(tree, temperature)
     except Exception:  # noqa: BLE001 - informational only

@@ -651,7 +651,8 @@ def test_a_default_dynamic_tree_falls_back_where_it_cannot_be_drafted():
     assert torch.equal(out, m.naivegenerate(IDS, max_new_tokens=24))
     for method in ("rrsw", "traversal"):
         a = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5)
-        b = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5, tree_choices=[[0], [1], [0, 0]])
+        b = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5,
+                         tree_choices=[[0], [1], [0, 0]])
         assert torch.equal(a, b)  # the fallback tree, drawn alike
         with pytest.raises(ValueError, match=method) as e:
             m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier=method, tree_choices=m.tree_choices)

@@ -324,7 +324,8 @@ class EaModel(nn.Module):
                 (Hugging Face's ``logits_to_keep=1``).
 
         Returns:
-            ``(features [1, n, H], logits [1, n, V])`` (``[1, 1, V]`` with ``last_logits_only``), both on :attr:`device` (the lm_head's); features
+            ``(features [1, n, H], logits [1, n, V])``
+            (``[1, 1, V]`` with ``last_logits_only``), both on :attr:`device` (the lm_head's); features
             are the last hidden states after the final norm (or the ``feature_layers``). The inputs go to the
             device of the target's input embedding (a sharded target moves activations between its layers itself).
 
