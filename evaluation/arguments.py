@@ -161,7 +161,7 @@ def check_tree(tree: str, flag: str = "--tree") -> str:
         build_tree(tree)
     except (ValueError, TypeError) as e:
         msg = str(e).replace(" or 'chainD'", ", 'chainD', 'auto' (fitted to this machine and head) or "
-                                             "'eagle2[:nodes=N,depth=D,topk=K]' (EAGLE-2 dynamic tree)")
+                                             "'eagle2[:nodes=N,depth=D,topk=K[,adapt=1]]' (EAGLE-2 dynamic tree)")
         raise UsageError(flag, msg + (" or 'none'" if flag == "--speed-tree" else "")) from None
     return tree
 
@@ -744,7 +744,7 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
     ap.add_argument("--top-k", default=0)
     ap.add_argument("--tree", default=None,
                     help="tree the verifiers are compared on: mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD | auto "
-                         "| eagle2[:nodes=N,depth=D,topk=K] (EAGLE-2 dynamic tree; greedy/univer or temperature 0) "
+                         "| eagle2[:nodes=N,depth=D,topk=K[,adapt=1]] (EAGLE-2 dynamic tree; greedy/univer or temperature 0) "
                          "(default: 2x5, the paper's)")
     ap.add_argument("--speed-tree", default=None,
                     help="a second tree for the speed table, sharing plain decoding: auto (fitted to this machine and "

@@ -298,13 +298,14 @@ def run(model, questions: Sequence[dict], contenders: Sequence[Contender], *, te
 def _default_resolved(model, temperature: float, verifier: str = "univer") -> dict:
     """What the API defaults ran: the model's drafter, default tree (rank paths when ``auto``; the fallback static
     tree where the call's rule cannot draft the default dynamic one) and verifier."""
-    from eagle.tree.dynamic import DYNAMIC_RULES, is_dynamic_tree
+    from eagle.tree.dynamic import DYNAMIC_RULES, is_dynamic_tree, supports_dynamic_trees
     from eagle.verify.registry import select_verifier
 
     tree = getattr(model, "tree_choices", None)
     fallback = getattr(model, "fallback_tree_choices", None)
-    if fallback is not None and is_dynamic_tree(tree) and temperature > 0:
-        if select_verifier(verifier, temperature).drafting not in DYNAMIC_RULES:
+    if fallback is not None and is_dynamic_tree(tree):  # the rule of model.call_tree's fallback
+        rule = select_verifier(verifier if temperature > 0 else "argmax", temperature).drafting
+        if rule not in DYNAMIC_RULES or not supports_dynamic_trees(getattr(model, "drafter", None)):
             tree = fallback
     try:
         resolved = model.resolve_tree(tree, temperature)

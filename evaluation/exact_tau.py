@@ -186,16 +186,11 @@ def tree_laws_shared(model, input_ids, specs: Sequence[tuple], *, temperature: f
             yield model.tree_laws(input_ids, tree_choices=tree, drafting=rule, temperature=temperature, top_p=top_p,
                                   top_k=top_k, generator=g)
         return
-    from eagle.tree.dynamic import DynamicTree, build_any_tree, check_dynamic_tree
-
     cfg = E._sampling_config(temperature, top_p, top_k)
     drafter = model.drafter
-    built = []   # every tree (static buffers or an EAGLE-2 dynamic spec) checked before any forward
-    for tree, rule, _ in specs:
-        t = build_any_tree(model.resolve_tree(tree, cfg.temperature, cfg.top_p, cfg.top_k))
-        if isinstance(t, DynamicTree):   # the drafter and the rule must allow it (as tree_laws checks)
-            check_dynamic_tree(t, drafter, rule)
-        built.append(t)
+    # every tree (static buffers or an EAGLE-2 dynamic spec, adaptive ones with their costs) checked before any
+    # forward, as tree_laws checks it
+    built = [model.call_tree(tree, cfg, drafter, rule) for tree, rule, _ in specs]
     ids = model._prepare(input_ids, 1)                                       # [1, L]
     n = ids.shape[1]
     if n < 2:

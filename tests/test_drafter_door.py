@@ -182,11 +182,11 @@ def test_unknown_tree_mentions_eagle2(capsys):
     from evaluation.arguments import check_tree
     from evaluation.bench_cycle import parse_args
 
-    with pytest.raises(UsageError, match=r"eagle2\[:nodes=N,depth=D,topk=K\]"):
+    with pytest.raises(UsageError, match=r"eagle2\[:nodes=N,depth=D,topk=K\[,adapt=1\]\]"):
         check_tree("garbage")
     with pytest.raises(SystemExit):
         parse_args(["--trees", "garbage"])
-    assert "eagle2[:nodes=N,depth=D,topk=K]" in capsys.readouterr().err
+    assert "eagle2[:nodes=N,depth=D,topk=K[,adapt=1]]" in capsys.readouterr().err
 
 
 def test_importing_the_drafters_loads_no_transformers_model_code():

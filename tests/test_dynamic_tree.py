@@ -564,9 +564,13 @@ def test_adaptive_spec_round_trip_and_costs():
     c = CycleCost(target_tokens=(1, 2, 4, 8), target_s=(0.05, 0.06, 0.08, 0.1), draft_level_s=0.01, fixed_s=0.002)
     tc = t.with_cycle_cost(c)
     assert tc == t and len(tc.cycle_s) == 6 and tc.cycle_s[0] == pytest.approx(c.cycle_s(1, 3))
-    for bad in ((0.1,) * 5, (0.1,) * 5 + (float("nan"),), (0.1,) * 5 + (0.0,)):
-        with pytest.raises(ValueError, match="cycle_s"):
+    for bad in ((0.1,) * 5, (0.1,) * 5 + (float("nan"),), (0.1,) * 5 + (0.0,), 5, "abcdef", (0.1,) * 5 + ("x",),
+                (0.1,) * 5 + (True,), [[0.1]] * 6):
+        with pytest.raises(ValueError, match="cycle_s") as e:
             DynamicTree(6, 3, 2, adapt=True, cycle_s=bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="adapt"):
+        DynamicTree(6, 3, 2, cycle_s=(0.1,) * 6)
 
 
 def test_adaptive_budget_keeps_the_best_rate_prefix():
@@ -647,8 +651,10 @@ def test_a_default_dynamic_tree_falls_back_where_it_cannot_be_drafted():
     run on the fallback; the same dynamic tree passed explicitly is still refused in one line."""
     m = tiny_ea_model(vocab_size=64, seed=0, aligned=True)
     m.tree_choices, m.fallback_tree_choices = "eagle2:nodes=4,depth=3,topk=2", [[0], [1], [0, 0]]
-    out = m.eagenerate(IDS, temperature=0.0, max_new_tokens=24)
-    assert torch.equal(out, m.naivegenerate(IDS, max_new_tokens=24))
+    out, st = m.eagenerate(IDS, temperature=0.0, max_new_tokens=24, return_stats=True)
+    assert torch.equal(out, m.naivegenerate(IDS, max_new_tokens=24)) and st["tree"] == m.tree_choices
+    _, st = m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier="rrsw", seed=1, return_stats=True)
+    assert st["tree"] == [[0], [1], [0, 0]]  # the stats name the tree that ran
     for method in ("rrsw", "traversal"):
         a = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5)
         b = m.eagenerate(IDS, temperature=1.0, max_new_tokens=16, verifier=method, seed=5,
@@ -657,6 +663,9 @@ def test_a_default_dynamic_tree_falls_back_where_it_cannot_be_drafted():
         with pytest.raises(ValueError, match=method) as e:
             m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier=method, tree_choices=m.tree_choices)
         assert "\n" not in str(e.value)
+    m.fallback_tree_choices = "eagle2:nodes=2,depth=2,topk=1"  # a dynamic fallback is checked too, at the door
+    with pytest.raises(ValueError, match="rrsw"):
+        m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier="rrsw")
     m.fallback_tree_choices = None
     with pytest.raises(ValueError, match="rrsw"):
         m.eagenerate(IDS, temperature=1.0, max_new_tokens=4, verifier="rrsw")

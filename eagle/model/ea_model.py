@@ -461,28 +461,39 @@ class EaModel(nn.Module):
         v = _select_verifier(name, cfg)
         d = self.drafter if drafter is None else self._drafter_instance(drafter)
         d.check_verifier(v)
-        tree = self._call_tree(tree_choices, cfg, d, v.drafting, v.name) if d.uses_tree else None
+        tree = self.call_tree(tree_choices, cfg, d, v.drafting, v.name) if d.uses_tree else None
         return cfg, v, tree, d
 
-    def _call_tree(self, tree_choices, cfg, drafter, rule: str, verifier: str | None = None):
-        """The tree of one call: ``tree_choices``, else the model's default tree. A dynamic tree must suit the
-        drafter and the rule (:func:`~eagle.tree.dynamic.check_dynamic_tree`: one line otherwise), except the
-        model's default when :attr:`fallback_tree_choices` is set: a call whose drafter or rule cannot draft it
-        (e.g. ``rrsw`` at temperature > 0) drafts that static tree instead."""
+    def call_tree(self, tree_choices, cfg: SamplingConfig, drafter, rule: str, verifier: str | None = None):
+        """The tree one call drafts, checked before any forward.
+
+        ``tree_choices``, else the model's default tree (:attr:`tree_choices`), resolved (:meth:`resolve_tree`)
+        and built. A dynamic tree must suit the drafter and the rule (:func:`~eagle.tree.dynamic.check_dynamic_tree`),
+        except the model's default when :attr:`fallback_tree_choices` is set: a call whose drafter or rule
+        cannot draft it (``rrsw`` / ``traversal`` at temperature > 0, a drafter of static trees) drafts the
+        fallback instead. An adaptive dynamic tree (``adapt=1``) then gets this machine's cycle costs
+        (:func:`eagle.autotree.machine_cost`: measured once per machine and cached on disk, remembered per model).
+
+        Args:
+            tree_choices: a tree spec or None (the default); cfg: the call's sampling config; drafter: the
+                call's drafter; rule: its drafting rule; verifier: the verifier's name (for messages).
+
+        Returns:
+            :class:`~eagle.tree.TreeBuffers` or :class:`~eagle.tree.dynamic.DynamicTree`.
+
+        Raises:
+            ValueError: one line: a malformed or unknown tree, a dynamic tree the drafter or rule cannot draft
+                (a dynamic fallback included).
+        """
         given = tree_choices is not None
-        tree = self._tree_for_call(tree_choices if given else self.tree_choices, cfg)
+        tree = build_any_tree(self.resolve_tree(tree_choices if given else self.tree_choices, cfg.temperature,
+                                                cfg.top_p, cfg.top_k))
         if isinstance(tree, DynamicTree):  # EAGLE-2 dynamic tree: the drafter and the rule must allow it
             fallback = getattr(self, "fallback_tree_choices", None)
             if not given and fallback is not None and not (supports_dynamic_trees(drafter) and rule in DYNAMIC_RULES):
-                return self._tree_for_call(fallback, cfg)
-            check_dynamic_tree(tree, drafter, rule, verifier)
-        return tree
-
-    def _tree_for_call(self, spec, cfg):
-        """The tree a call drafts: ``spec`` resolved (:meth:`resolve_tree`) and built; an adaptive dynamic tree
-        (``adapt=1``) gets this machine's cycle costs (:func:`eagle.autotree.machine_cost`: measured once per
-        machine and cached on disk, remembered per model object)."""
-        tree = build_any_tree(self.resolve_tree(spec, cfg.temperature, cfg.top_p, cfg.top_k))
+                tree = build_any_tree(self.resolve_tree(fallback, cfg.temperature, cfg.top_p, cfg.top_k))
+            if isinstance(tree, DynamicTree):
+                check_dynamic_tree(tree, drafter, rule, verifier)
         if isinstance(tree, DynamicTree) and tree.adapt and tree.cycle_s is None:
             key = (0.0, 1.0, 0) if cfg.temperature == 0 else (float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
             memo = self.__dict__.setdefault("_cycle_costs", {})
@@ -571,8 +582,9 @@ class EaModel(nn.Module):
             if any) or ``(output_ids, stats)``; stats: ``accept_lengths`` (list[int], tokens appended
             per target forward = accepted draft tokens + 1, trimmed at EOS / max_new_tokens),
             ``new_tokens`` (int), ``wall_time`` (seconds, without the ``expected_tau`` work),
-            ``decoding_steps`` (target forwards after the prefill), ``timing`` (dict of seconds summed
-            over the call: ``draft`` (head passes + draws), ``target_forward`` (prefill and tree
+            ``decoding_steps`` (target forwards after the prefill), ``tree`` (the tree drafted: a dynamic
+            spec string, the static tree's rank paths, or None for a drafter of its own shapes; see
+            :meth:`call_tree`), ``timing`` (dict of seconds summed over the call: ``draft`` (head passes + draws), ``target_forward`` (prefill and tree
             forwards incl. masks), ``target_laws`` (logit checks + processed target laws, first token),
             ``verify``, ``cache_update`` (KV cache + next inputs), ``other`` (the rest of
             ``wall_time``)), ``prefill_s`` (seconds of the prefill: prompt forward + first token, also
@@ -663,7 +675,9 @@ class EaModel(nn.Module):
             return ids
         timing = timer.result(wall)
         stats = {"accept_lengths": accept_lengths, "new_tokens": len(out), "wall_time": wall - timer.excluded,
-                 "decoding_steps": len(accept_lengths), "timing": timing, "prefill_s": timer.split}
+                 "decoding_steps": len(accept_lengths), "timing": timing, "prefill_s": timer.split,
+                 "tree": None if tree is None else (tree.spec if isinstance(tree, DynamicTree)
+                                                    else [list(p) for p in tree.choices])}
         if expected_tau:  # one read, after the timed region
             stats["expected_accept_lengths"] = (torch.stack(expected).double().cpu().tolist()
                                                 if expected else [])
@@ -708,7 +722,7 @@ class EaModel(nn.Module):
         if drafting not in d.drafting_rules:
             raise ValueError(f"drafter {d.name!r} cannot draft under {drafting!r} (it drafts under "
                              f"{list(d.drafting_rules)})")
-        tree = self._call_tree(tree_choices, cfg, d, drafting) if d.uses_tree else None
+        tree = self.call_tree(tree_choices, cfg, d, drafting) if d.uses_tree else None
         input_ids = self._prepare(input_ids, 1)
         if input_ids.shape[1] < 2:
             raise ValueError("tree_laws needs a context of at least 2 tokens (the last one is the root)")

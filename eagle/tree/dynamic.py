@@ -80,10 +80,21 @@ class DynamicTree:
         if not isinstance(self.adapt, bool):
             raise ValueError(f"dynamic tree: adapt must be a bool, got {self.adapt!r}")
         if self.cycle_s is not None:
-            c = tuple(float(x) for x in self.cycle_s)
-            if len(c) != self.nodes or not all(math.isfinite(x) and x > 0 for x in c):
-                raise ValueError(f"dynamic tree: cycle_s must hold {self.nodes} finite positive seconds (n = 1 .. "
-                                 f"nodes), got {len(c)} values")
+            if not self.adapt:
+                raise ValueError("dynamic tree: cycle_s is for an adaptive tree (adapt=True)")
+            try:
+                if isinstance(self.cycle_s, (str, bytes)) or any(isinstance(x, bool) for x in self.cycle_s):
+                    raise TypeError
+                c = tuple(float(x) for x in self.cycle_s)
+            except (TypeError, ValueError):
+                raise ValueError(f"dynamic tree: cycle_s must be a sequence of {self.nodes} seconds, got "
+                                 f"{self.cycle_s!r:.80}") from None
+            if len(c) != self.nodes:
+                raise ValueError(f"dynamic tree: cycle_s must hold {self.nodes} seconds (n = 1 .. nodes), got "
+                                 f"{len(c)} values")
+            bad = [i for i, x in enumerate(c) if not (math.isfinite(x) and x > 0)]
+            if bad:
+                raise ValueError(f"dynamic tree: cycle_s must be finite and > 0, got cycle_s[{bad[0]}] = {c[bad[0]]}")
             object.__setattr__(self, "cycle_s", c)
         if self.nodes > self.candidates:
             raise ValueError(f"dynamic tree: nodes={self.nodes} exceeds the {self.candidates} candidates that "
