@@ -146,7 +146,7 @@ class HybridDrafter(EagleTreeDrafter):
         try:
             draft = super().draft(root, tree, rule, cfg, generator)
         finally:
-            self._chain = None
+            self._chain = self._rows_on = None
         if not chain:
             return draft
         return append_chain(draft, chain)
