@@ -495,14 +495,10 @@ class EaModel(nn.Module):
             if isinstance(tree, DynamicTree):
                 check_dynamic_tree(tree, drafter, rule, verifier)
         if isinstance(tree, DynamicTree) and tree.adapt and tree.cycle_s is None:
-            key = (0.0, 1.0, 0) if cfg.temperature == 0 else (float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
-            memo = self.__dict__.setdefault("_cycle_costs", {})
-            state = (key, self.fast_cpu, id(getattr(self.ea_layer, "d2t", None)))
-            if state not in memo:
-                from ..autotree import machine_cost  # measures with this model (duck-typed, no cycle)
+            from ..autotree import machine_cost  # measures with this model (duck-typed, no cycle)
 
-                memo[state] = machine_cost(self, *key)
-            tree = tree.with_cycle_cost(memo[state])
+            tree = tree.with_cycle_cost(self._machine_fit("_cycle_costs", machine_cost, cfg.temperature, cfg.top_p,
+                                                          cfg.top_k))
         return tree
 
     def resolve_tree(self, spec, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0):
@@ -514,13 +510,19 @@ class EaModel(nn.Module):
         if self.ea_layer is None:
             raise ValueError("tree 'auto' is fitted to the model's EAGLE head, and this model has none: pass a tree "
                              "(e.g. tree_choices='2x5' or 'mc_sim_7b_63')")
-        key = (0.0, 1.0, 0) if temperature == 0 else (float(temperature), float(top_p), int(top_k))
-        memo = self.__dict__.setdefault("_auto_trees", {})
-        state = (key, self.fast_cpu, id(getattr(self.ea_layer, "d2t", None)))  # the fit depends on both
-        if state not in memo:
-            from ..autotree import resolve_auto_tree  # measures with this model (duck-typed, no cycle)
+        from ..autotree import resolve_auto_tree  # measures with this model (duck-typed, no cycle)
 
-            memo[state] = resolve_auto_tree(self, *key)
+        return self._machine_fit("_auto_trees", resolve_auto_tree, temperature, top_p, top_k)
+
+    def _machine_fit(self, name: str, fit, temperature: float, top_p: float, top_k: int):
+        """``fit(self, temperature, top_p, top_k)`` (a tree fit or a cost model: measured once per machine and
+        cached on disk), remembered on this model per sampling setting, packing and draft vocabulary (the fit
+        depends on them)."""
+        key = (0.0, 1.0, 0) if temperature == 0 else (float(temperature), float(top_p), int(top_k))
+        memo = self.__dict__.setdefault(name, {})
+        state = (key, self.fast_cpu, id(getattr(self.ea_layer, "d2t", None)))
+        if state not in memo:
+            memo[state] = fit(self, *key)
         return memo[state]
 
     def _score_tree(self, drafter, cache, root: int, tree, rule, cfg, gen, timer=None):
@@ -584,7 +586,8 @@ class EaModel(nn.Module):
             ``new_tokens`` (int), ``wall_time`` (seconds, without the ``expected_tau`` work),
             ``decoding_steps`` (target forwards after the prefill), ``tree`` (the tree drafted: a dynamic
             spec string, the static tree's rank paths, or None for a drafter of its own shapes; see
-            :meth:`call_tree`), ``timing`` (dict of seconds summed over the call: ``draft`` (head passes + draws), ``target_forward`` (prefill and tree
+            :meth:`call_tree`), ``timing`` (dict of seconds summed over the call: ``draft`` (head passes +
+            draws), ``target_forward`` (prefill and tree
             forwards incl. masks), ``target_laws`` (logit checks + processed target laws, first token),
             ``verify``, ``cache_update`` (KV cache + next inputs), ``other`` (the rest of
             ``wall_time``)), ``prefill_s`` (seconds of the prefill: prompt forward + first token, also
