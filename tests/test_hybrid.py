@@ -215,7 +215,7 @@ def test_tree_invariants(model):
     it, the chain's rows point masses, the chain below a leaf only."""
     from eagle.model.kv_cache import new_cache
     from eagle.sampling import SamplingConfig
-    d = HybridDrafter.for_model(model, depth=4)
+    d = HybridDrafter.for_model(model, depth=4, min_ngram=1)  # the root token 7 matches as a one-token n-gram
     ids = PROMPT
     cache = new_cache(model.base_model.config)
     with torch.no_grad():
@@ -229,6 +229,26 @@ def test_tree_invariants(model):
     assert draft.num_nodes == 3 + len(chain) - 1
     for i in range(3, draft.num_nodes - 1):
         assert float(draft.draft_probs[i].max()) == 1.0
+
+
+def test_default_min_ngram_skips_one_token_matches(model):
+    """By default (min_ngram 2) a root whose only earlier match is a one-token n-gram drafts the head's tree alone
+    (no lookup token mixed in, no chain); a two-token match still proposes its continuation."""
+    from eagle.model.kv_cache import new_cache
+    from eagle.sampling import SamplingConfig
+    assert HybridDrafter.OPTIONS["min_ngram"] == 2
+    tree = build_tree([[0], [1]])
+    for root, chain in ((7, None), (4, [5, 6, 7, 1])):  # ... 3 7: only "7" occurs earlier; "2 3 4" does, last before 5 6 7 1
+        d = HybridDrafter.for_model(model, depth=4)
+        cache = new_cache(model.base_model.config)
+        with torch.no_grad():
+            feats, _ = model.target_forward(PROMPT, torch.arange(PROMPT.shape[1])[None], cache)
+        d.start(PROMPT, feats)
+        draft = d.draft(root, tree, "topk", SamplingConfig(0.0))
+        if chain is None:
+            assert d.lookup.proposals() == [] and draft.num_nodes == 3
+        else:
+            assert d.lookup.proposals()[0] == chain and draft.num_nodes >= 3
 
 
 def test_bad_options(model):

@@ -759,11 +759,12 @@ class TreeLaws:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
-#: the embedded default's tree on the CPU (from_pretrained(tree_choices=None)): with the hybrid drafter on the
-#: selection set (2 questions per category group, 96 tokens, temperature 0, 1 thread), per-question tokens/s over
-#: the fitted static tree's 1.09 and 1.11 in two interleaved runs (similar small dynamic trees 1.05-1.12 in four
-#: more); larger dynamic trees were level or slower
-CPU_DEFAULT_TREE = "eagle2:nodes=3,depth=2,topk=2"
+#: the embedded default's tree on the CPU (from_pretrained(tree_choices=None)): with the hybrid drafter (min_ngram 2)
+#: on the selection set (2 questions per category group, 128 tokens, 1 thread, interleaved), per-question tokens/s
+#: over the one-level-narrower eagle2:nodes=3,depth=2,topk=2: T 0 1.03 ± 0.02 (nodes=4,topk=4 the same), T 1
+#: univer 1.04 ± 0.03; over the fitted static tree ~1.1 (earlier runs); deeper trees (depth 3-5) were level or
+#: slower: each head level costs a head pass, while a few more tree tokens are almost free in the target forward
+CPU_DEFAULT_TREE = "eagle2:nodes=5,depth=2,topk=3"
 
 
 def default_drafter_name(embedded: bool, device, has_head: bool) -> str:
