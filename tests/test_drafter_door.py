@@ -17,6 +17,8 @@ def eagle3_folder(tmp_path):
     ("hybrid", {"depth": 0}, "hybrid: depth must be an integer >= 1"),
     ("hybrid", {"depth": "abc"}, "hybrid: depth must be an integer >= 1"),
     ("hybrid", {"foo": 1}, "drafter 'hybrid' takes no option(s) ['foo']"),
+    ("hybrid", {"max_ngram": 1}, "hybrid: min_ngram 2 > max_ngram 1 (min_ngram defaults to 2: give min_ngram=1"),
+    ("hybrid", {"min_ngram": 0}, "hybrid: min_ngram must be an integer >= 1"),
     ("prompt_lookup", {"depth": 0}, "prompt_lookup: depth must be an integer >= 1"),
     ("prompt_lookup", {"min_ngram": 4}, "prompt_lookup: min_ngram 4 > max_ngram 3"),
     ("prompt_lookup", {"branches": -1}, "prompt_lookup: branches must be"),

@@ -104,7 +104,8 @@ class HybridDrafter(EagleTreeDrafter):
             raise ValueError(f"hybrid: lookup_weight must be a number in (0, 1], got {lookup_weight!r}")
         if isinstance(lookup_only_ngram, bool) or not isinstance(lookup_only_ngram, int) or lookup_only_ngram < 0:
             raise ValueError(f"hybrid: lookup_only_ngram must be an integer >= 0 (0: never), got {lookup_only_ngram!r}")
-        check_lookup_values("hybrid", max_ngram=max_ngram, min_ngram=min_ngram, depth=depth)
+        check_lookup_values("hybrid", max_ngram=max_ngram, min_ngram=min_ngram, depth=depth,
+                            default_min_ngram=cls.OPTIONS["min_ngram"])
 
     @classmethod
     def check_options(cls, options: dict) -> None:

@@ -78,8 +78,9 @@ def check_option_names(drafter: str, options: dict, known) -> None:
         raise ValueError(f"drafter {drafter!r} takes no option(s) {unknown}; its options: {', '.join(known)}")
 
 
-def check_lookup_values(drafter: str, max_ngram=3, min_ngram=1, depth=10, branches=1) -> None:
-    """The lookup's option values (the one place for these rules; ``drafter`` names the drafter in the message).
+def check_lookup_values(drafter: str, max_ngram=3, min_ngram=1, depth=10, branches=1, default_min_ngram=1) -> None:
+    """The lookup's option values (the one place for these rules; ``drafter`` names the drafter in the message;
+    ``default_min_ngram``: the drafter's default, named in the message when a smaller ``max_ngram`` is below it).
 
     Raises:
         ValueError: a value that is not an integer >= 1, or ``min_ngram > max_ngram`` (one line).
@@ -89,7 +90,9 @@ def check_lookup_values(drafter: str, max_ngram=3, min_ngram=1, depth=10, branch
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{drafter}: {key} must be an integer >= 1, got {value!r}")
     if min_ngram > max_ngram:
-        raise ValueError(f"{drafter}: min_ngram {min_ngram} > max_ngram {max_ngram}")
+        hint = (f" (min_ngram defaults to {default_min_ngram}: give min_ngram={max_ngram} with max_ngram={max_ngram})"
+                if min_ngram == default_min_ngram else "")
+        raise ValueError(f"{drafter}: min_ngram {min_ngram} > max_ngram {max_ngram}{hint}")
 
 
 class PromptLookupDrafter(Drafter):
