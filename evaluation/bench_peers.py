@@ -314,7 +314,7 @@ def _default_resolved(model, temperature: float, verifier: str = "univer") -> di
     return {"drafter": getattr(getattr(model, "drafter", None), "name", None), "tree": tree if isinstance(tree, str)
             else None, "tree_choices": resolved if not isinstance(resolved, str) else None,
             "tree_name": resolved if isinstance(resolved, str) else None,
-            "verifier": getattr(model, "verifier", None)}
+            "verifier": "argmax" if temperature == 0 else verifier}  # what every call of the run passed
 
 
 def summarise(res: dict, n_boot: int = 1000) -> list[dict]:

@@ -43,6 +43,7 @@ def test_peer_table_tiny(tiny, qfile, tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["rows"] == json.loads(json.dumps(doc["rows"]))
     assert saved["meta"]["loadavg_before"] and saved["meta"]["questions"] == n
+    assert saved["meta"]["default_resolved"]["verifier"] == "argmax"  # the name the calls ran (not an object's repr)
     md = out.with_suffix(".md").read_text()
     printed = capsys.readouterr().out
     assert md.strip() == printed.strip()
@@ -56,7 +57,7 @@ def test_peer_table_sampling_skips_hf(tiny, qfile, tmp_path):
                   "--no-progress"], model=tiny)
     assert [r["key"] for r in doc["rows"]] == ["plain", "ours:eagle:2x2"]
     assert all("equal" not in r and "ratio_hf_pld" not in r for r in doc["rows"])
-    assert doc["meta"]["verifier"] == "univer"
+    assert doc["meta"]["verifier"] == "univer" and doc["meta"]["default_resolved"]["verifier"] == "univer"
 
 
 def test_paired_ratio():
