@@ -48,10 +48,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from evaluation.arguments import (DRAFTER_SPEC_FORM, OneLineParser, UsageError, check_drafter, check_dynamic_trees,
-                                  check_methods, check_model, check_option_dict, check_out_dir, check_positive_int,
+from evaluation.arguments import (BASELINE, DRAFTER_SPEC_FORM, OneLineParser, UsageError, check_drafter,
+                                  check_dynamic_trees, check_model, check_option_dict, check_out_dir, check_positive_int,
                                   check_question_file, check_sampling, check_tree, exit_on_usage_error, load_plugins,
-                                  option_text, parse_drafter_spec, split_specs)
+                                  method_names, option_text, parse_drafter_spec, split_specs)
 
 __all__ = ["PLAIN", "HF", "HF_PLD", "HF_PLD_TOKENS", "DEFAULT_OURS", "Contender", "parse_ours", "contenders_for",
            "build_drafters", "paired_ratio", "run", "summarise", "table", "parse_args", "main"]
@@ -413,12 +413,12 @@ def check_args(args: argparse.Namespace, model_given: bool = False) -> dict:
 
     temperature = check_sampling(args.temperature, 1.0, 0)[0]
     load_plugins([])
-    try:
-        verifier = check_methods([args.verifier], temperature)[0]
-    except UsageError as e:
-        raise UsageError("--verifier", str(e).split(": ", 1)[1]) from None
-    if verifier == "naive":
+    verifier = str(args.verifier).strip()
+    if verifier == BASELINE:
         raise UsageError("--verifier", "'naive' is plain decoding, which always runs; name a verifier")
+    known = method_names(temperature)
+    if verifier not in known:  # plug-ins registered under the entry-point group are loaded above and listed
+        raise UsageError("--verifier", f"unknown verifier {verifier!r}; known at temperature {temperature:g}: {known}")
     ours = parse_ours(args.ours, temperature, verifier)
     settings = dict(temperature=temperature, verifier=verifier, ours=ours,
                     seed=check_positive_int("--seed", args.seed, minimum=0),

@@ -71,7 +71,8 @@ def test_paired_ratio():
     (["--ours", "eagle:nonsense"], "--ours"),
     (["--ours", "prompt_lookup:2x5"], "--ours"),
     (["--temperature", "-1"], "--temperature"),
-    (["--temperature", "1", "--verifier", "bogus"], "--verifier"),
+    (["--temperature", "1", "--verifier", "bogus"], "--verifier: unknown verifier 'bogus'; known at temperature 1:"),
+    (["--temperature", "1", "--verifier", "naive"], "--verifier: 'naive' is plain decoding"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--per-category", "x"], "--per-category"),
     (["--question-set", "odd"], "--question-set"),
@@ -83,6 +84,8 @@ def test_bad_flag_one_line(tiny, qfile, argv, flag, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("bench_peers: error:") and flag in err, err
+    assert "--plugin" not in err  # bench_peers has no --plugin flag
+    assert "known" not in err or "'naive'" not in err.split("known", 1)[1]  # plain decoding is not a --verifier
 
 
 # ---- every drafter and tree of the engine (issue 50 follow-up) --------------------------------------------------
