@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 __all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
-           "method_names", "check_methods", "check_sampling", "check_positive_int", "check_seeds", "check_model",
+           "method_names", "check_methods", "check_fits_context", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "check_drafter_options", "parse_option_items", "check_option_dict", "split_specs", "parse_drafter_spec", "option_text",
            "DRAFTER_SPEC_FORM", "QUICK", "QUICK_NOTE", "OneLineParser", "Config", "add_common_arguments", "check_arguments",
@@ -929,4 +929,23 @@ def load_checked_model(cfg: Config):
         fmt = choose_format(cfg.model, model.tokenizer, cfg.template)
     except (ValueError, ModuleNotFoundError) as e:
         raise UsageError("--template", str(e).split(": ", 1)[-1] if str(e).startswith("--template") else str(e)) from None
+    check_fits_context(model, getattr(cfg, "max_new_tokens", None))
     return model, fmt
+
+
+def check_fits_context(model, max_new_tokens) -> None:
+    """``--max-new-tokens`` must leave room for a prompt in the target's context (``max_position_embeddings``
+    positions; a prompt has at least one token); checked right after the model loads, before any generation.
+    A target without that config field, or ``max_new_tokens`` None: nothing to check. (Prompt plus answer
+    beyond the limit is still warned about per call by the engine.)
+
+    Raises:
+        UsageError: ``--max-new-tokens`` (one line naming the limit).
+    """
+    config = getattr(getattr(model, "base_model", None), "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    if max_new_tokens is None or not isinstance(limit, int) or limit <= 1:
+        return
+    if max_new_tokens >= limit:
+        raise UsageError("--max-new-tokens", f"{max_new_tokens} does not fit the target's context of {limit} positions "
+                                             f"(max_position_embeddings) with a prompt: give at most {limit - 1}")

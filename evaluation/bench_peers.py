@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from evaluation.arguments import (BASELINE, DRAFTER_SPEC_FORM, OneLineParser, UsageError, check_drafter,
-                                  check_dynamic_trees, check_model, check_option_dict, check_out_dir, check_positive_int,
+                                  check_dynamic_trees, check_fits_context, check_model, check_option_dict,
+                                  check_out_dir, check_positive_int,
                                   check_question_file, check_sampling, check_tree, exit_on_usage_error, load_plugins,
                                   method_names, option_text, parse_drafter_spec, split_specs)
 
@@ -462,11 +463,14 @@ def _main(argv, model=None, prompt_format=None) -> dict:
             c.spec == "default" or get_drafter(c.drafter).needs_head for c in s["ours"])
         model, prompt_format = load_checked_model(SimpleNamespace(
             model=s["model"], head=s["head"], device=s["device"], dtype=s["dtype"], threads=s["threads"],
-            drafter="eagle" if needs_head else "prompt_lookup", drafter_options={}, draft_vocab="auto", template=None))
+            drafter="eagle" if needs_head else "prompt_lookup", drafter_options={}, draft_vocab="auto", template=None,
+            max_new_tokens=s["max_new_tokens"]))
         if s["model"] == "default":  # the API defaults' drafter, as from_pretrained("default") chooses it
             from eagle.model.ea_model import default_drafter_name
 
             model.set_drafter(default_drafter_name(True, model.device, model.ea_layer is not None))
+    else:
+        check_fits_context(model, s["max_new_tokens"])
     contenders = contenders_for(s["ours"], s["temperature"])
     try:
         drafters = build_drafters(model, contenders)

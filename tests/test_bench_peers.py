@@ -74,6 +74,8 @@ def test_paired_ratio():
     (["--temperature", "1", "--verifier", "bogus"], "--verifier: unknown verifier 'bogus'; known at temperature 1:"),
     (["--temperature", "1", "--verifier", "naive"], "--verifier: 'naive' is plain decoding"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--max-new-tokens", "1e9"], "--max-new-tokens: 1000000000 does not fit the target's context of 1024 positions"),
+    (["--max-new-tokens", "1024"], "give at most 1023"),
     (["--per-category", "x"], "--per-category"),
     (["--question-set", "odd"], "--question-set"),
     (["--bogus-flag"], "unrecognized arguments"),

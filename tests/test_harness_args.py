@@ -278,3 +278,24 @@ def test_main_job_compares_on_its_tree_and_times_the_speed_tree(tmp_path, tree, 
     ts = (out / "speed_table.md").read_text()
     assert "tree chain3" in ts and "| plain decoding |" in ts and "| UniVer |" in ts
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_max_new_tokens_beyond_the_target_context_fails_after_the_load(tmp_path, monkeypatch):
+    """--max-new-tokens at or above the target's max_position_embeddings is one line naming the flag, raised by
+    load_checked_model (before any generation or file); below it passes."""
+    from types import SimpleNamespace
+
+    stub = SimpleNamespace(base_model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64)),
+                           ea_layer=None, tokenizer=object())
+    monkeypatch.setattr(A, "load_model", lambda *a, **k: stub)
+    monkeypatch.setattr("evaluation.templates.choose_format", lambda *a, **k: None)
+    q = str(_questions(tmp_path))
+    for n, ok in (("63", True), ("64", False), ("1e9", False)):
+        cfg = _check(["--question-file", q, "--out", str(tmp_path / n), "--max-new-tokens", n])
+        if ok:
+            assert A.load_checked_model(cfg)[0] is stub
+        else:
+            with pytest.raises(A.UsageError) as e:
+                A.load_checked_model(cfg)
+            assert str(e.value).startswith("--max-new-tokens") and "give at most 63" in str(e.value)
+            assert "\n" not in str(e.value) and not (tmp_path / n).exists()
