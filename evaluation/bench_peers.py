@@ -291,9 +291,23 @@ def run(model, questions: Sequence[dict], contenders: Sequence[Contender], *, te
                     rec["equal"] = rec["new_ids"] == res[PLAIN]["new_ids"]
             records.append({"question_id": q["question_id"], "category": q["category"],
                             "prompt_tokens": int(ids.shape[1]), "results": {c.key: res[c.key] for c in contenders}})
-    return {"questions": records, "contenders": [asdict(c) | {"label": c.label} for c in contenders],
+    contenders_out = [asdict(c) | {"label": c.label, "tree_choices": _fitted(model, c, temperature)}
+                      for c in contenders]
+    return {"questions": records, "contenders": contenders_out,
             "loadavg_before": load0, "loadavg_after": os.getloadavg(),
             "default_resolved": _default_resolved(model, temperature, verifier)}
+
+
+def _fitted(model, c: Contender, temperature: float):
+    """The rank paths an ``auto`` tree of contender ``c`` resolved to (fitted in the warm-up, remembered by the model),
+    else None."""
+    if c.kind != "ours" or not (isinstance(c.tree, str) and c.tree.strip().lower() == "auto"):
+        return None
+    try:
+        resolved = model.resolve_tree("auto", temperature)
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+    return [list(p) for p in resolved] if isinstance(resolved, (list, tuple)) else None
 
 
 def _default_resolved(model, temperature: float, verifier: str = "univer") -> dict:
@@ -485,6 +499,8 @@ def _main(argv, model=None, prompt_format=None) -> dict:
 
     meta = {k: s[k] for k in ("temperature", "verifier", "seed", "max_new_tokens", "per_category", "threads",
                               "bootstrap", "model", "head", "question_set", "question_file")}
+    if s["temperature"] == 0:  # every verifier name runs argmax at temperature 0
+        meta["verifier"] = "argmax"
     meta.update(questions=len(s["questions"]), device=str(getattr(model, "device", "cpu")),
                 fast_cpu=getattr(model, "fast_cpu", None), loadavg_before=res["loadavg_before"],
                 loadavg_after=res["loadavg_after"], default_resolved=res["default_resolved"],

@@ -44,6 +44,8 @@ def test_peer_table_tiny(tiny, qfile, tmp_path, capsys):
     assert saved["rows"] == json.loads(json.dumps(doc["rows"]))
     assert saved["meta"]["loadavg_before"] and saved["meta"]["questions"] == n
     assert saved["meta"]["default_resolved"]["verifier"] == "argmax"  # the name the calls ran (not an object's repr)
+    assert saved["meta"]["verifier"] == "argmax"  # every name runs argmax at temperature 0
+    assert all(c["tree_choices"] is None for c in doc["contenders"])  # no 'auto' tree among them
     md = out.with_suffix(".md").read_text()
     printed = capsys.readouterr().out
     assert md.strip() == printed.strip()
@@ -58,6 +60,22 @@ def test_peer_table_sampling_skips_hf(tiny, qfile, tmp_path):
     assert [r["key"] for r in doc["rows"]] == ["plain", "ours:eagle:2x2"]
     assert all("equal" not in r and "ratio_hf_pld" not in r for r in doc["rows"])
     assert doc["meta"]["verifier"] == "univer" and doc["meta"]["default_resolved"]["verifier"] == "univer"
+
+
+def test_fitted_tree_recorded_for_auto_contenders():
+    """An ``auto`` contender's fitted rank paths go into the run's JSON (the fit itself is the model's)."""
+    from types import SimpleNamespace
+
+    fitted = SimpleNamespace(resolve_tree=lambda spec, t: ((0,), (1,), (0, 0)) if spec == "auto" else spec)
+    auto = B.Contender("ours:eagle:auto", "ours", spec="eagle:auto", drafter="eagle", tree="auto")
+    assert B._fitted(fitted, auto, 0.0) == [[0], [1], [0, 0]]
+    assert B._fitted(fitted, B.Contender("ours:eagle:2x2", "ours", spec="eagle:2x2", drafter="eagle", tree="2x2"),
+                     0.0) is None
+    assert B._fitted(fitted, B.Contender(B.PLAIN, B.PLAIN), 0.0) is None
+
+    def broken(spec, t):
+        raise ValueError("no head")
+    assert B._fitted(SimpleNamespace(resolve_tree=broken), auto, 0.0) is None
 
 
 def test_paired_ratio():
