@@ -311,25 +311,28 @@ def _fitted(model, c: Contender, temperature: float):
 
 
 def _default_resolved(model, temperature: float, verifier: str = "univer") -> dict:
-    """What the API defaults ran: the model's drafter, default tree (rank paths when ``auto``; the fallback static
-    tree where the call's rule cannot draft the default dynamic one) and verifier."""
-    from eagle.tree.dynamic import DYNAMIC_RULES, is_dynamic_tree, supports_dynamic_trees
+    """What the API defaults ran: the model's drafter, the default tree its calls drafted (``EaModel.call_tree``
+    decides: the default, or its static fallback where the call's rule cannot draft the default dynamic tree; rank
+    paths when fitted) and the verifier (the registry's choice: ``argmax`` at temperature 0)."""
+    from eagle.sampling import SamplingConfig
+    from eagle.tree.dynamic import DynamicTree, is_dynamic_tree
     from eagle.verify.registry import select_verifier
 
+    v = select_verifier(verifier, temperature)
     tree = getattr(model, "tree_choices", None)
-    fallback = getattr(model, "fallback_tree_choices", None)
-    if fallback is not None and is_dynamic_tree(tree):  # the rule of model.call_tree's fallback
-        rule = select_verifier(verifier if temperature > 0 else "argmax", temperature).drafting
-        if rule not in DYNAMIC_RULES or not supports_dynamic_trees(getattr(model, "drafter", None)):
-            tree = fallback
+    try:  # the spec behind the tree a call builds: the default, or the fallback when call_tree swapped it
+        built = model.call_tree(None, SamplingConfig(temperature), model.drafter, v.drafting, v.name)
+        if isinstance(built, DynamicTree) != is_dynamic_tree(tree):
+            tree = model.fallback_tree_choices
+    except Exception:  # noqa: BLE001 - informational only
+        pass
     try:
         resolved = model.resolve_tree(tree, temperature)
     except Exception:  # noqa: BLE001 - informational only
         resolved = tree
     return {"drafter": getattr(getattr(model, "drafter", None), "name", None), "tree": tree if isinstance(tree, str)
             else None, "tree_choices": resolved if not isinstance(resolved, str) else None,
-            "tree_name": resolved if isinstance(resolved, str) else None,
-            "verifier": "argmax" if temperature == 0 else verifier}  # what every call of the run passed
+            "tree_name": resolved if isinstance(resolved, str) else None, "verifier": v.name}
 
 
 def summarise(res: dict, n_boot: int = 1000) -> list[dict]:
@@ -499,8 +502,7 @@ def _main(argv, model=None, prompt_format=None) -> dict:
 
     meta = {k: s[k] for k in ("temperature", "verifier", "seed", "max_new_tokens", "per_category", "threads",
                               "bootstrap", "model", "head", "question_set", "question_file")}
-    if s["temperature"] == 0:  # every verifier name runs argmax at temperature 0
-        meta["verifier"] = "argmax"
+    meta["verifier"] = res["default_resolved"]["verifier"]  # the verifier the calls ran (argmax at temperature 0)
     meta.update(questions=len(s["questions"]), device=str(getattr(model, "device", "cpu")),
                 fast_cpu=getattr(model, "fast_cpu", None), loadavg_before=res["loadavg_before"],
                 loadavg_after=res["loadavg_after"], default_resolved=res["default_resolved"],
