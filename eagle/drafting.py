@@ -422,50 +422,35 @@ class EagleTreeDrafter(Drafter):
         """
         device = root_hidden.device
         plan = tree.on(device)
-        n = tree.num_nodes
         committed = cache_length(head_cache)
-        tokens = torch.full((n,), -1, dtype=torch.long, device=device)
-        tokens[0] = int(root_token)
-        hidden = torch.zeros(n, root_hidden.shape[-1], dtype=root_hidden.dtype, device=device)
+        hidden = torch.zeros(tree.num_nodes, root_hidden.shape[-1], dtype=root_hidden.dtype, device=device)
         hidden[0] = root_hidden
-        vocab = self.lm_head.weight.shape[0]
-        draft_probs = torch.zeros(n, vocab, dtype=torch.float32, device=device)
         # the draft logits' finiteness is checked with the one sync below (a check per level would wait
         # for the device each time)
         extremes = []  # (min, max) of every level's logits
         mask_dtype = self.head.fc.weight.dtype
+
+        def level_laws(d, level, tokens):
+            expand = level.expand
+            if d > 0:
+                # undrafted nodes (token -1) are expanded with token 0 and pruned afterwards
+                out = self.head(tokens[expand].clamp(min=0)[None], hidden[plan.parents[expand]][None],
+                                position_ids=(committed - 1 + plan.depth[expand])[None],
+                                attention_mask=additive_mask(level.visible, committed, mask_dtype),
+                                cache=head_cache)
+                hidden[expand] = out[0]
+            logits, d2t = self._draft_logits(hidden[expand])  # [e, K]
+            # NaN/inf reported after the one sync below; draw from finite stand-ins
+            extremes.append(torch.stack(torch.aminmax(logits)))
+            logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+            if cfg.greedy:
+                q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
+            else:
+                q = logits_to_probs(logits, cfg, check=False)  # checked above (or after the sync)
+            return self.level_law(d, expand, q, d2t, tokens, plan)
+
         try:
-            for d, level in enumerate(plan.levels):
-                expand = level.expand
-                if d > 0:
-                    # undrafted nodes (token -1) are expanded with token 0 and pruned afterwards
-                    out = self.head(tokens[expand].clamp(min=0)[None], hidden[plan.parents[expand]][None],
-                                    position_ids=(committed - 1 + plan.depth[expand])[None],
-                                    attention_mask=additive_mask(level.visible, committed, mask_dtype),
-                                    cache=head_cache)
-                    hidden[expand] = out[0]
-                logits, d2t = self._draft_logits(hidden[expand])  # [e, K]
-                # NaN/inf reported after the one sync below; draw from finite stand-ins
-                extremes.append(torch.stack(torch.aminmax(logits)))
-                logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
-                if cfg.greedy:
-                    q = torch.softmax(logits, dim=-1)  # topk ranks by the raw draft logits
-                else:
-                    q = logits_to_probs(logits, cfg, check=False)  # checked above (or after the sync)
-                q, d2t = self.level_law(d, expand, q, d2t, tokens, plan)
-                if d2t is None:
-                    draft_probs[expand] = q
-                else:  # the law over the K draft tokens, zero elsewhere (accumulated: d2t may repeat a
-                    # token with zero mass, see level_law)
-                    draft_probs.index_put_((expand[:, None].expand(-1, d2t.shape[0]), d2t[None, :].expand(
-                        expand.shape[0], -1)), q, accumulate=True)
-                for m, rows, child_idx in level.groups:
-                    kids = draw_children(q[rows], min(m, q.shape[1]), rule, generator)  # [g, min(m, K)]
-                    if d2t is not None:  # draft index -> target token (-1 = not drafted stays)
-                        kids = torch.where(kids >= 0, d2t[kids.clamp(min=0)], kids)
-                    if kids.shape[1] < m:  # more children than tokens: the extra ones are pruned
-                        kids = torch.cat([kids, kids.new_full((kids.shape[0], m - kids.shape[1]), -1)], 1)
-                    tokens[child_idx.flatten()] = kids.flatten().to(device)
+            tokens, draft_probs = self._draw_levels(plan, root_token, level_laws, rule, generator)
         finally:
             truncate_cache(head_cache, committed)
         finite = (torch.isfinite(torch.stack(extremes)).all() if extremes
@@ -474,6 +459,76 @@ class EagleTreeDrafter(Drafter):
         if not host[-1]:
             raise ValueError("draft logits (head output) contain NaN or inf")
         return pruned_draft_tree(plan, tokens, draft_probs, host[:-1])
+
+    def _redraw_residual_leaves(self, res, ex, shape: TreeBuffers, root_token: int, generator):
+        """Draft a dynamic tree's shape under ``topk_residual`` on the expansion's own laws (no head pass), or None.
+
+        Under ``topk_residual`` every node's kept children but the last are its most probable tokens: the ones the
+        expansion made, whose laws it computed. When no node with children is a last child or lies below one
+        (a function of the shape alone), every law the static draft needs is the expansion's, and only the
+        residual leaves are drawn: :meth:`_draw_levels` on those laws, the same draws as drafting ``shape`` with
+        :meth:`expand` on the same laws. Otherwise None (the caller drafts ``shape`` with the head).
+
+        Args:
+            res: :func:`~eagle.tree.dynamic.finish_dynamic`'s result; ex: the expansion (its ``laws`` and
+                ``token_map``); shape: ``build_tree(res.choices)``; root_token, generator: as :meth:`expand`.
+
+        Returns:
+            :class:`DraftTree` (one host read) or None.
+        """
+        redrawn = [False] * shape.num_nodes  # a last child, or below one
+        for u, kids in enumerate(shape.children):  # parents precede children
+            if kids and redrawn[u]:
+                return None
+            for v in kids:
+                redrawn[v] = redrawn[u] or v == kids[-1]
+        index = {tuple(p): j for j, p in enumerate(res.choices, start=1)}
+        plan = shape.on(res.rows.device)
+        order = torch.tensor([0] + [index[tuple(p)] for p in shape.choices], dtype=torch.long, device=plan.device)
+        rows = res.rows[order]  # the expansion's law row of each static node
+
+        def level_laws(d, level, tokens):
+            return ex.laws[rows[level.expand]], ex.token_map
+
+        tokens, draft_probs = self._draw_levels(plan, root_token, level_laws, "topk_residual", generator)
+        return pruned_draft_tree(plan, tokens, draft_probs, tokens.tolist())  # the one sync
+
+    def _draw_levels(self, plan, root_token: int, level_laws, rule: str, generator):
+        """Draw a static tree level by level: the one loop of :meth:`expand` and of a dynamic shape's redraft.
+
+        Args:
+            plan: the static tree's :class:`~eagle.tree.TreePlan`; root_token: node 0's token.
+            level_laws: ``(d, level, tokens) -> (q, d2t)``: float ``[e, K]`` the laws of the level's expanded
+                nodes (``level.expand``) over the columns ``d2t`` (LongTensor ``[K]`` target tokens; None: K = V);
+                ``tokens`` are the tokens drafted so far.
+            rule, generator: the drafting rule and the caller's generator.
+
+        Returns:
+            ``(tokens, draft_probs)``: LongTensor ``[n]`` (-1 = not drafted: the law's support was smaller than
+            the node's rank) and float32 ``[n, V]`` (zero rows for leaves), on the plan's device; no host read.
+        """
+        device = plan.device
+        n = len(plan.parents_list)
+        tokens = torch.full((n,), -1, dtype=torch.long, device=device)
+        tokens[0] = int(root_token)
+        draft_probs = torch.zeros(n, self.lm_head.weight.shape[0], dtype=torch.float32, device=device)
+        for d, level in enumerate(plan.levels):
+            expand = level.expand
+            q, d2t = level_laws(d, level, tokens)
+            if d2t is None:
+                draft_probs[expand] = q
+            else:  # the law over the K draft tokens, zero elsewhere (accumulated: d2t may repeat a
+                # token with zero mass, see level_law)
+                draft_probs.index_put_((expand[:, None].expand(-1, d2t.shape[0]), d2t[None, :].expand(
+                    expand.shape[0], -1)), q, accumulate=True)
+            for m, rows, child_idx in level.groups:
+                kids = draw_children(q[rows], min(m, q.shape[1]), rule, generator)  # [g, min(m, K)]
+                if d2t is not None:  # draft index -> target token (-1 = not drafted stays)
+                    kids = torch.where(kids >= 0, d2t[kids.clamp(min=0)], kids)
+                if kids.shape[1] < m:  # more children than tokens: the extra ones are pruned
+                    kids = torch.cat([kids, kids.new_full((kids.shape[0], m - kids.shape[1]), -1)], 1)
+                tokens[child_idx.flatten()] = kids.flatten().to(device)
+        return tokens, draft_probs
 
     @torch.no_grad()
     def expand_dynamic(self, head_cache, root_token: int, root_hidden: torch.Tensor, tree: DynamicTree, rule: str,
@@ -484,9 +539,10 @@ class EagleTreeDrafter(Drafter):
         tree mask of :func:`~eagle.tree.additive_mask`, at position ``C - 1 + d`` as in :meth:`expand`), the
         selection stays on the device, and ONE host read returns the tree with the draft logits' finiteness
         flag. ``rule="topk"``: that tree is the draft. ``rule="topk_residual"``: its shape (rank paths, a
-        deterministic function of the context) is drafted by :meth:`expand` as a static tree (the last kept
-        child of a node becomes the residual draw; one more pass per level and one more read). The cache is
-        restored to C positions.
+        deterministic function of the context) is drafted as a static tree (the last kept child of a node
+        becomes the residual draw; one more read): on the expansion's own laws where no node with children is
+        a last child or below one (:meth:`_redraw_residual_leaves`, no head pass), else by :meth:`expand` (one
+        more pass per level). The cache is restored to C positions.
 
         Args:
             root_token, root_hidden, cfg, generator: as :meth:`expand`; tree: the dynamic tree spec;
@@ -529,7 +585,11 @@ class EagleTreeDrafter(Drafter):
         if not res.extra[0]:
             raise ValueError("draft logits (head output) contain NaN or inf")
         if rule == "topk_residual":
-            return self.expand(head_cache, root_token, root_hidden, build_tree(res.choices), rule, cfg, generator)
+            shape = build_tree(res.choices)
+            drawn = self._redraw_residual_leaves(res, ex, shape, root_token, generator)
+            if drawn is not None:
+                return drawn
+            return self.expand(head_cache, root_token, root_hidden, shape, rule, cfg, generator)
         return DraftTree(parents=res.parents, tokens=res.tokens, depth=res.depth, draft_probs=res.draft_probs.float(),
                          ancestor=res.ancestor, parents_list=res.parents_list, tokens_list=res.tokens_list,
                          nodes=None, structure=res.structure)

