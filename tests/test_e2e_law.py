@@ -1,4 +1,5 @@
-"""End to end at temperature > 0: the law of the first 2 generated tokens equals the target's.
+"""End to end at temperature > 0: the law of the first 2 generated tokens equals the target's (static trees for
+the four verifiers, EAGLE-2 dynamic trees for Greedy and UniVer).
 
 Statistical test with fixed seeds on a tiny vocabulary (8 tokens, 64 outcomes): Pearson
 chi-square of the empirical counts of ``eagenerate(max_new_tokens=2)`` against the target's
@@ -96,4 +97,44 @@ def test_broken_verifier_fails_the_law_test():
     m = model()
     law = exact_two_token_law(m)
     counts = empirical(m, BROKEN, N_RUNS, "2x2")
+    assert p_value(counts, law) < P_MIN
+
+
+DYNAMIC = "eagle2:nodes=4,depth=2,topk=3"
+
+
+@pytest.mark.parametrize("method", ["greedy", "univer"])
+def test_first_two_tokens_follow_target_on_a_dynamic_tree(method, monkeypatch):
+    """EAGLE-2 dynamic trees under topk_residual, end to end: the shape chosen from the draft laws, its residual
+    leaves drawn on the expansion's own laws, or the shape redrafted by the head where a last child has
+    children (both occur here)."""
+    from eagle.drafting import EagleTreeDrafter
+
+    paths = []
+    redraw = EagleTreeDrafter._redraw_residual_leaves
+
+    def counted(self, *a, **k):
+        out = redraw(self, *a, **k)
+        paths.append(out is not None)
+        return out
+
+    monkeypatch.setattr(EagleTreeDrafter, "_redraw_residual_leaves", counted)
+    m = model()
+    law = exact_two_token_law(m)
+    counts = empirical(m, method, N_RUNS, DYNAMIC)
+    assert p_value(counts, law) > P_MIN
+    assert 0.1 < sum(paths) / len(paths) < 0.9, "both ways of drafting the shape should occur"
+
+
+def test_deterministic_last_children_on_a_dynamic_tree_fail_the_law_test(monkeypatch):
+    """Negative control: the dynamic shape's last children kept as the expansion's own top tokens (rule topk)
+    instead of residual draws, handed to UniVer as a topk_residual tree."""
+    from eagle.drafting import EagleTreeDrafter
+
+    draw = EagleTreeDrafter._draw_levels
+    monkeypatch.setattr(EagleTreeDrafter, "_draw_levels",
+                        lambda self, plan, root, laws, rule, gen: draw(self, plan, root, laws, "topk", gen))
+    m = model()
+    law = exact_two_token_law(m)
+    counts = empirical(m, "univer", N_RUNS, DYNAMIC)
     assert p_value(counts, law) < P_MIN
