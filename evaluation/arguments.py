@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-__all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
+__all__ = ["UsageError", "BASELINE", "default_tree", "default_speed_tree", "cpu_speed_tree", "default_speed_methods", "coincidence_note", "PAPER_METHODS", "DEFAULT_PLUGINS", "exit_on_usage_error", "load_plugins", "check_tree",
            "method_names", "check_methods", "check_fits_context", "check_sampling", "check_positive_int", "check_seeds", "check_model",
            "check_head", "check_question_file", "check_out_dir", "check_device", "check_template", "resolve_device",
            "load_model", "check_drafter_options", "parse_option_items", "check_option_dict", "split_specs", "parse_drafter_spec", "option_text",
@@ -93,8 +93,26 @@ def default_speed_tree(model: str, device: str) -> str:
     """The extra tree of the speed table when ``--speed-tree`` is not given: ``"auto"`` (fitted to this
     machine and head, :mod:`eagle.autotree`) for the embedded default model on the CPU, where only a
     small tree pays for its forward; ``"none"`` elsewhere (on a GPU the paper's tree is also the
-    fast one, so the comparison table's tokens/s is the speed table)."""
+    fast one, so the comparison table's tokens/s is the speed table). Once the drafter and the speed
+    methods are known, a default ``"auto"`` becomes the API's CPU default tree where they can draft it
+    (:func:`cpu_speed_tree`)."""
     return "auto" if model == "default" and _on_cpu(device) else "none"
+
+
+def cpu_speed_tree(drafter: str, speed_methods: Sequence[str], temperature: float) -> str:
+    """The default speed tree of the embedded default on the CPU, given the run's drafter and speed methods: the
+    API's default tree there (:data:`eagle.model.ea_model.CPU_DEFAULT_TREE`, an EAGLE-2 dynamic tree) where the
+    drafter and every speed method can draft it (temperature 0, greedy, univer), else ``"auto"`` (the static tree
+    fitted to this machine, for rrsw / traversal at temperature > 0). Measured on the selection set (12 first
+    turns, 128 tokens, T 1 univer, 1 thread): the dynamic tree 1.41x plain decoding, ``auto`` 1.23x (paired
+    ratio 0.88 ± 0.04; docs/cpu_speed.md)."""
+    from eagle.model.ea_model import CPU_DEFAULT_TREE
+
+    try:
+        check_dynamic_trees([("--speed-tree", CPU_DEFAULT_TREE, speed_methods)], drafter, temperature)
+    except UsageError:
+        return "auto"
+    return CPU_DEFAULT_TREE
 
 
 def default_speed_methods(methods: Sequence[str], temperature: float) -> list[str]:
@@ -733,6 +751,8 @@ def drafter_help() -> str:
 
 def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) -> None:
     """The harness's flags (shared by the main job, ``gen_answer`` and ``exact_tau``)."""
+    from eagle.model.ea_model import CPU_DEFAULT_TREE
+
     if positional:
         ap.add_argument("model_pos", nargs="?", metavar="MODEL", help="same as --model")
         ap.add_argument("temperature_pos", nargs="?", metavar="TEMPERATURE", help="same as --temperature")
@@ -748,8 +768,9 @@ def add_common_arguments(ap: argparse.ArgumentParser, positional: bool = False) 
                          "(default: 2x5, the paper's)")
     ap.add_argument("--speed-tree", default=None,
                     help="a second tree for the speed table, sharing plain decoding: auto (fitted to this machine and "
-                         "head) | any --tree value | none (default: auto for the embedded default model on the CPU, "
-                         "none otherwise)")
+                         "head) | any --tree value | none (default for the embedded default model on the CPU: the API's "
+                         f"default tree {CPU_DEFAULT_TREE} where the drafter and speed methods can draft it, "
+                         "else auto; none otherwise)")
     ap.add_argument("--speed-methods", nargs="+", default=None,
                     help="verifiers run on --speed-tree (default: univer at temperature > 0, else the first method)")
     ap.add_argument("--methods", nargs="+", default=None,
@@ -867,6 +888,8 @@ def check_arguments(args: argparse.Namespace) -> Config:
                 raise UsageError("--speed-tree", f"'auto' is fitted to the EAGLE head, and drafter {drafter!r} uses "
                                                  f"none: name a tree or 'none'")
             speed_tree, speed_methods = "none", []  # the default speed tree needs the head: the 2x5 runs time it
+    if speed_tree == "auto" and not getattr(args, "speed_tree", None):
+        speed_tree = cpu_speed_tree(drafter, speed_methods, temperature)
     check_dynamic_trees([("--tree", tree, methods), ("--speed-tree", speed_tree, speed_methods)], drafter,
                         temperature)
     head = check_head(args.head, model) if get_drafter(drafter).needs_head or args.head else None

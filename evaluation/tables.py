@@ -204,7 +204,12 @@ def render_speed_table(t: dict, note: Optional[str] = None) -> str:
     """Markdown of the speed table: :func:`table1`'s result on the speed tree, tokens/s and speedup
     over plain decoding (interleaved with it question by question), τ for reference. Ends in a newline."""
     lines = ([f"**{note}**", ""] if note else [])
-    lines += [f"Speed on the tree fitted to this machine: temperature {t['temperature']:g}, tree {tree_label(t)}", "",
+    from eagle.tree.dynamic import is_dynamic_tree
+
+    where = ("the tree fitted to this machine" if t["tree"] == "auto" else
+             "an EAGLE-2 dynamic tree (its shape chosen each cycle from the draft laws)" if is_dynamic_tree(t["tree"])
+             else "the speed tree")
+    lines += [f"Speed on {where}: temperature {t['temperature']:g}, tree {tree_label(t)}", "",
               "| Method | Avg τ | Tokens/s | Speedup |", "|---|---:|---:|---:|"]
     b = t["baseline"]
     if b is not None:

@@ -10,8 +10,9 @@
 #   --tree T               tree the verifiers are compared on: mc_sim_7b_63 | KxD (e.g. 2x5, 3x3) | chainD |
 #                          auto   (default: 2x5, the paper's)
 #   --speed-tree T         a second tree for the speed table, sharing plain decoding: auto | a --tree value |
-#                          none   (default: auto = fitted to this machine and head, for the embedded default on
-#                          the CPU; none elsewhere)
+#                          none   (default for the embedded default on the CPU: the API's default tree
+#                          eagle2:nodes=5,depth=2,topk=3 where the drafter and --speed-methods can draft it, else
+#                          auto = fitted to this machine and head; none elsewhere)
 #   --speed-methods "univer"  verifiers run on --speed-tree (default: univer at T > 0, else the first method)
 #   --seeds "0 1 2"        seeds (default "0 1 2")
 #   --per-category N       N questions per category group (mt_bench: N in total over its 8 sub-categories);

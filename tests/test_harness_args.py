@@ -162,19 +162,30 @@ def test_plugin_verifier_runs_through_answers_tables_and_plots(tmp_path, plugin)
     assert pngs and all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
 
 
-def test_verifiers_compared_on_2x5_and_speed_on_the_fitted_tree(tmp_path):
+def test_verifiers_compared_on_2x5_and_speed_on_the_cpu_default_tree(tmp_path):
     """Issue 48: the comparison tree is the paper's 2x5 everywhere; the embedded default on the CPU
-    adds a speed table on the fitted tree (univer at temperature > 0), sharing plain decoding."""
+    adds a speed table (univer at temperature > 0), sharing plain decoding, on the API's CPU default tree
+    (issue 50: the EAGLE-2 dynamic tree) where the drafter and speed methods can draft it, else on the tree
+    fitted to this machine ('auto')."""
+    from eagle.model.ea_model import CPU_DEFAULT_TREE
+
     assert A.default_tree("default", "cpu") == "2x5" and A.default_tree("default", "cuda") == "2x5"
     assert A.default_speed_tree("default", "cpu") == "auto"
     assert A.default_speed_tree("default", "cuda") == "none"
     assert A.default_speed_tree("lmsys/vicuna-7b-v1.3", "cpu") == "none"
     q = str(_questions(tmp_path))
     cfg = _check(["--device", "cpu", "--question-file", q, "--out", str(tmp_path / "a")])
-    assert cfg.tree == "2x5" and cfg.speed_tree == "auto" and cfg.speed_methods == ["univer"]
+    assert cfg.tree == "2x5" and cfg.speed_tree == CPU_DEFAULT_TREE and cfg.speed_methods == ["univer"]
     assert str(cfg.out).endswith("a")
     cfg0 = _check(["default", "0", "--device", "cpu", "--question-file", q, "--out", str(tmp_path / "z")])
     assert cfg0.speed_methods == [m for m in cfg0.methods if m != "naive"][:1]
+    assert cfg0.speed_tree == CPU_DEFAULT_TREE  # temperature 0: argmax drafts it
+    for methods in ("rrsw", "univer traversal"):  # a speed method that cannot draft a dynamic tree: the fitted one
+        cfg_w = _check(["--device", "cpu", "--question-file", q, "--speed-methods", methods,
+                        "--out", str(tmp_path / methods.replace(" ", "_"))])
+        assert cfg_w.speed_tree == "auto"
+    cfg_a = _check(["--device", "cpu", "--question-file", q, "--speed-tree", "auto", "--out", str(tmp_path / "y")])
+    assert cfg_a.speed_tree == "auto"  # named: kept
     cfg2 = _check(["--device", "cpu", "--question-file", q, "--tree", "mc_sim_7b_63", "--speed-tree", "none",
                    "--out", str(tmp_path / "b")])
     assert cfg2.tree == "mc_sim_7b_63" and cfg2.speed_methods == []  # explicit values win

@@ -53,4 +53,6 @@ def test_headless_drafter_and_the_auto_trees(tmp_path):
         _check(tmp_path, "--drafter", "prompt_lookup", "--speed-tree", "auto", "--out", str(tmp_path / "p"))
     with pytest.raises(A.UsageError, match="--tree: 'auto' is fitted to the EAGLE head"):
         _check(tmp_path, "--drafter", "prompt_lookup", "--tree", "auto", "--out", str(tmp_path / "q"))
-    assert _check(tmp_path, "--device", "cpu", "--out", str(tmp_path / "r")).speed_tree == "auto"  # the head's
+    from eagle.model.ea_model import CPU_DEFAULT_TREE
+
+    assert _check(tmp_path, "--device", "cpu", "--out", str(tmp_path / "r")).speed_tree == CPU_DEFAULT_TREE  # the head's

@@ -128,3 +128,17 @@ def test_plots_write_png_with_fixed_colours(speed_json, tmp_path):
     a = plots.plot_tau_vs_depth(speed_json, tmp_path / "d.png", temperature=1.0)
     b = plots.plot_tau_vs_temperature(speed_json, tmp_path / "t.png", tree="2x5")
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in out + [a, b])
+
+
+def test_speed_table_names_the_kind_of_speed_tree():
+    """The speed table's title says which tree it timed: the fitted one ('auto'), an EAGLE-2 dynamic tree (the
+    main job's default on the CPU) or another named tree."""
+    from evaluation.tables import render_speed_table
+
+    def title(tree, choices=None):
+        t = {"temperature": 1.0, "tree": tree, "tree_choices": choices, "baseline": None, "rows": []}
+        return render_speed_table(t).splitlines()[0]
+
+    assert title("auto", [[0], [0, 0]]).startswith("Speed on the tree fitted to this machine: temperature 1, tree auto (2 nodes")
+    assert "EAGLE-2 dynamic tree" in title("eagle2:nodes=5,depth=2,topk=3")
+    assert title("chain3") == "Speed on the speed tree: temperature 1, tree chain3"
