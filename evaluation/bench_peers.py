@@ -450,9 +450,9 @@ def check_args(args: argparse.Namespace, model_given: bool = False) -> dict:
     qfile = args.question_file
     if qfile is None and DEFAULT_QUESTION_FILE.is_file():
         qfile = str(DEFAULT_QUESTION_FILE)
-    settings["question_file"] = qfile
     settings["questions"] = check_question_file(qfile, args.categories, settings["per_category"],
                                                 question_set=args.question_set)
+    settings["question_file"] = None if qfile is None else str(Path(qfile).resolve())  # recorded where it was read
     out = Path(args.out) if args.out else Path("runs") / "bench_peers" / (
         time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + ".json")
     if out.suffix != ".json":

@@ -43,6 +43,7 @@ def test_peer_table_tiny(tiny, qfile, tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["rows"] == json.loads(json.dumps(doc["rows"]))
     assert saved["meta"]["loadavg_before"] and saved["meta"]["questions"] == n
+    assert saved["meta"]["question_file"] == str(qfile.resolve())
     assert saved["meta"]["default_resolved"]["verifier"] == "argmax"  # the name the calls ran (not an object's repr)
     assert saved["meta"]["verifier"] == "argmax"  # every name runs argmax at temperature 0
     assert all(c["tree_choices"] is None for c in doc["contenders"])  # no 'auto' tree among them
@@ -51,6 +52,14 @@ def test_peer_table_tiny(tiny, qfile, tmp_path, capsys):
     assert md.strip() == printed.strip()
     assert "| contender | tokens/s | ratio to plain | ratio to HF PLD | tau | equal to greedy |" in md
     assert f"| {n}/{n} |" in md and "HF prompt lookup" in md and "ours: API defaults" in md
+
+
+def test_question_file_is_recorded_resolved(qfile, monkeypatch):
+    """A relative --question-file is recorded as the absolute path it was read from (a run file names its data)."""
+    monkeypatch.chdir(qfile.parent)
+    settings = B.check_args(B.parse_args(["--question-file", qfile.name, "--question-set", "all", "--out",
+                                          str(qfile.parent / "o.json")]))
+    assert settings["question_file"] == str(qfile.resolve())
 
 
 def test_peer_table_sampling_skips_hf(tiny, qfile, tmp_path):
