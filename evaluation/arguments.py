@@ -161,12 +161,12 @@ def check_tree(tree: str, flag: str = "--tree") -> str:
         raise UsageError(flag, "'none' is only a --speed-tree value")
     from eagle.tree.dynamic import is_dynamic_tree, parse_dynamic_tree
 
-    if is_dynamic_tree(tree):  # EAGLE-2 dynamic tree (eagle.tree.dynamic)
+    if is_dynamic_tree(tree):  # EAGLE-2 dynamic tree (eagle.tree.dynamic): one spelling per tree (file names)
         try:
-            parse_dynamic_tree(tree)
+            spec = parse_dynamic_tree(tree)
         except ValueError as e:
             raise UsageError(flag, str(e)) from None
-        return tree
+        return "eagle2" if tree.strip().lower() == "eagle2" else spec.spec
     if tree == "auto":
         import importlib.util
 
@@ -869,6 +869,9 @@ def check_arguments(args: argparse.Namespace) -> Config:
             speed_methods = [m for m in check_methods(speed_raw, temperature) if m != BASELINE]
         except UsageError as e:
             raise UsageError("--speed-methods", str(e).split(": ", 1)[1]) from None
+        if not speed_methods:
+            raise UsageError("--speed-methods", f"'{BASELINE}' is plain decoding, which always runs: name a verifier "
+                                                "(e.g. univer), or --speed-tree none for no speed table")
     try:
         model = check_model(model)
     except UsageError as e:

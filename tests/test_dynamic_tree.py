@@ -565,6 +565,9 @@ def test_harness_accepts_and_refuses_dynamic_trees():
 
     assert A.check_tree("eagle2") == "eagle2"
     assert A.check_tree("eagle2:nodes=24,depth=5,topk=8", "--speed-tree") == "eagle2:nodes=24,depth=5,topk=8"
+    # one spelling per tree (it names answer files and table rows)
+    assert A.check_tree(" EAGLE2") == "eagle2"
+    assert A.check_tree("eagle2:depth=2, nodes=5") == "eagle2:nodes=5,depth=2,topk=10"
     with pytest.raises(A.UsageError) as e:
         A.check_tree("eagle2:nodes=0")
     assert str(e.value).startswith("--tree:") and "\n" not in str(e.value)

@@ -186,6 +186,9 @@ def test_verifiers_compared_on_2x5_and_speed_on_the_cpu_default_tree(tmp_path):
         assert cfg_w.speed_tree == "auto"
     cfg_a = _check(["--device", "cpu", "--question-file", q, "--speed-tree", "auto", "--out", str(tmp_path / "y")])
     assert cfg_a.speed_tree == "auto"  # named: kept
+    with pytest.raises(A.UsageError) as e:  # plain decoding alone on the speed tree: nothing to time
+        _check(["--device", "cpu", "--question-file", q, "--speed-methods", "naive", "--out", str(tmp_path / "x")])
+    assert str(e.value).startswith("--speed-methods:") and "\n" not in str(e.value)
     cfg2 = _check(["--device", "cpu", "--question-file", q, "--tree", "mc_sim_7b_63", "--speed-tree", "none",
                    "--out", str(tmp_path / "b")])
     assert cfg2.tree == "mc_sim_7b_63" and cfg2.speed_methods == []  # explicit values win
