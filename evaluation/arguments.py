@@ -378,6 +378,8 @@ def check_question_file(path: Optional[str], categories: Optional[Sequence[str]]
         qs = load_questions(qfile)
     except (FileNotFoundError, QuestionFileError, OSError, ValueError, UnicodeDecodeError) as e:
         raise UsageError("--question-file", str(e)) from None
+    if not qs:
+        raise UsageError("--question-file", f"{qfile}: the file holds no questions")
     if question_set != "all":
         qs = question_sets(qs)[question_set]
     try:

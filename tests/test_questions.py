@@ -143,3 +143,14 @@ def test_question_set_flag(tmp_path):
     assert [q["question_id"] for q in rep] == [11, 12]
     with pytest.raises(A.UsageError, match="^--question-set"):
         A.check_question_file(str(f), None, 2, question_set="bogus")
+
+
+def test_an_empty_question_file_names_the_file_flag(tmp_path):
+    """An empty file is the file's fault, not the categories' (it used to blame --categories)."""
+    from evaluation import arguments as A
+
+    f = tmp_path / "empty.jsonl"
+    f.write_text("")
+    with pytest.raises(A.UsageError, match="^--question-file: .*holds no questions") as e:
+        A.check_question_file(str(f), ["writing"], 1)
+    assert "\n" not in str(e.value)
