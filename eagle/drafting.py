@@ -21,6 +21,7 @@ together). The drafting rules' own kernels may add theirs (eagle.rules).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -203,6 +204,23 @@ def draft_tree_from_choices(choices, tokens: dict, laws: dict, vocab: int, devic
     return DraftTree(parents=plan.parents, tokens=torch.tensor(tok, dtype=torch.long, device=device),
                      depth=plan.depth, draft_probs=draft_probs, ancestor=plan.ancestor,
                      parents_list=list(plan.parents_list), tokens_list=tok, nodes=None, structure=plan.structure)
+
+
+@lru_cache(maxsize=256)
+def _residual_leaf_order(choices: tuple) -> tuple | None:
+    """For a dynamic shape's rank paths (``choices``, in the expansion's kept order, node j = ``choices[j - 1]``):
+    None when some node with children is a last child or lies below one; else, for each node of the static tree
+    ``build_tree(choices)``, its index in the kept order (root 0). A function of the shape alone, computed once per
+    shape (:meth:`EagleTreeDrafter._redraw_residual_leaves`)."""
+    shape = build_tree([list(p) for p in choices])
+    redrawn = [False] * shape.num_nodes  # a last child, or below one
+    for u, kids in enumerate(shape.children):  # parents precede children
+        if kids and redrawn[u]:
+            return None
+        for v in kids:
+            redrawn[v] = redrawn[u] or v == kids[-1]
+    index = {p: j for j, p in enumerate(choices, start=1)}
+    return (0,) + tuple(index[tuple(p)] for p in shape.choices)
 
 
 def pruned_draft_tree(plan, tokens: torch.Tensor, draft_probs: torch.Tensor, tok: list) -> DraftTree:
@@ -476,16 +494,11 @@ class EagleTreeDrafter(Drafter):
         Returns:
             :class:`DraftTree` (one host read) or None.
         """
-        redrawn = [False] * shape.num_nodes  # a last child, or below one
-        for u, kids in enumerate(shape.children):  # parents precede children
-            if kids and redrawn[u]:
-                return None
-            for v in kids:
-                redrawn[v] = redrawn[u] or v == kids[-1]
-        index = {tuple(p): j for j, p in enumerate(res.choices, start=1)}
+        order = _residual_leaf_order(tuple(tuple(p) for p in res.choices))
+        if order is None:
+            return None
         plan = shape.on(res.rows.device)
-        order = torch.tensor([0] + [index[tuple(p)] for p in shape.choices], dtype=torch.long, device=plan.device)
-        rows = res.rows[order]  # the expansion's law row of each static node
+        rows = res.rows[torch.tensor(order, dtype=torch.long, device=plan.device)]  # each static node's law row
 
         def level_laws(d, level, tokens):
             return ex.laws[rows[level.expand]], ex.token_map
